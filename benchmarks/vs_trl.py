@@ -1,0 +1,524 @@
+#!/usr/bin/env python
+"""groupwise vs TRL ``GRPOTrainer`` (no vLLM) on identical work, on CPU, in one invocation.
+
+    PYTHONPATH=src python benchmarks/vs_trl.py                  # lab-small, random init, full-length
+    PYTHONPATH=src python benchmarks/vs_trl.py --warm-start     # SFT warm start, completions stop at EOS
+    PYTHONPATH=src python benchmarks/vs_trl.py --quick          # seconds; what the smoke test runs
+
+Both sides load one saved model directory, train on the same lab prompts (the ``random`` selector's draws for
+steps 0..N-1, rendered with the tokenizer's chat template), with the same G, prompts per step, completion cap,
+learning rate, AdamW, grad clip 1, fp32, temperature 1, no KL, one update per batch and token-mean loss over
+the step (TRL ``loss_type="dapo"`` = groupwise ``loss.reduction=token_mean``). Each side runs in its own
+subprocess (so peak RSS is per side), the sides alternate TRL, groupwise, groupwise, TRL, ... (``--repeats``
+pairs), and both are timed the same way: wall time around one optimizer step (TRL: a ``TrainerCallback``
+from ``on_step_begin`` to ``on_step_end``; groupwise: around ``rl_step``). Medians are over steps 2..N.
+
+Regimes (see docs/benchmarks.md):
+  default       random-init model whose EOS id lies outside the model's vocabulary, so no completion can
+                stop early: every completion is exactly ``--max-tokens`` tokens on both sides. The reward is
+                ``dense`` (correctness + 0.01 x digit share of the completion) so that every group has reward
+                variance and both sides train every row (with plain correctness a random model scores 0
+                everywhere and groupwise would skip the whole update).
+  --warm-start  groupwise's cached SFT warm start of the embedded preset (the lab traces), with the real EOS;
+                completions stop at EOS. The reward is the lab's correctness verifier; groupwise skips rows
+                of zero-variance groups (TRL trains them with zero advantage), reported as "rows trained".
+
+Model FLOPs per step = 2·N·Σ(P+T) (generation forwards) + 6·N·Σ(P+T) (training forward + backward), with N the
+parameter count (tied embeddings counted once), P and T each completion's prompt and completion tokens; the
+attention score FLOPs are ignored (< 3% here). "% peak" divides FLOP/s by the best fp32 ``torch.mm`` rate
+measured in the same invocation with the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("trl", "groupwise")
+TASK = {"name": "lab", "p_wrap_slip": 0.6}  # recipes/grpo_lab.yaml's task (the knob shapes warm-start traces only)
+NO_EOS = "<noeos>"
+
+
+@dataclasses.dataclass
+class Options:
+    preset: str = "lab-small"
+    steps: int = 10
+    prompts: int = 8
+    group: int = 8
+    max_tokens: int = 64
+    threads: int = 1
+    repeats: int = 2
+    warm_start: bool = False
+    warm_start_steps: int = 300
+    reward: str = "auto"
+    lr: float = 1e-4
+    seed: int = 0
+    matmul_n: int = 2048
+    sides: tuple[str, ...] = SIDES
+    workdir: str | None = None
+
+    @property
+    def reward_kind(self) -> str:
+        return self.reward if self.reward != "auto" else ("correctness" if self.warm_start else "dense")
+
+
+QUICK = dict(preset="lab-tiny", steps=2, prompts=2, group=4, max_tokens=8, repeats=1, matmul_n=256)
+
+
+# ------------------------------------------------------------------------------------------ shared pieces
+def _use_src() -> None:
+    try:
+        import groupwise  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(ROOT / "src"))
+
+
+def plan(spec: dict):
+    """The lab task and the problems of each step: exactly what groupwise's ``random`` selector draws."""
+    from groupwise.select.random import RandomSelector
+    from groupwise.tasks.lab import Lab, LabConfig
+
+    lab = Lab(LabConfig(**{k: v for k, v in TASK.items() if k != "name"}), spec["seed"])
+    selector = RandomSelector(lab, spec["seed"])
+    return lab, [selector.next(step, spec["prompts"]) for step in range(spec["steps"])]
+
+
+def reward_value(task, problem, text: str, kind: str) -> float:
+    """``correctness``: the lab verifier (last ``<answer>`` equals the gold answer), 0/1. ``dense``: that plus
+    0.01 x the share of digit characters in the completion, so random completions still differ in reward."""
+    r = float(task.verify(problem, text))
+    if kind == "dense":
+        r += 0.01 * sum(ch.isdigit() for ch in text) / max(len(text), 1)
+    return r
+
+
+def make_model_dir(opts: Options, dest: Path) -> dict:
+    """Save the one model directory both sides load (``save_pretrained`` + tokenizer)."""
+    _use_src()
+    import torch
+
+    from groupwise.models import tiny
+
+    torch.set_num_threads(opts.threads)
+    if opts.warm_start:
+        from groupwise.config import ModelConfig
+        from groupwise.models.warm_start import ensure_warm_start
+        from groupwise.tasks.lab import Lab, LabConfig
+
+        lab = Lab(LabConfig(**{k: v for k, v in TASK.items() if k != "name"}), opts.seed)
+        t = time.perf_counter()
+        src = ensure_warm_start(opts.preset, lab, ModelConfig(path=f"embedded:{opts.preset}",
+                                                              warm_start_steps=opts.warm_start_steps))
+        shutil.copytree(src, dest, dirs_exist_ok=True)
+        regime = f"SFT warm start ({opts.warm_start_steps} steps, cached in {src.parent}), completions stop at EOS"
+        setup = time.perf_counter() - t
+    else:
+        tok = tiny.build_tokenizer()
+        model = tiny.build_model(opts.preset, tok, seed=opts.seed)
+        # An EOS id the model cannot emit (one past its vocabulary): every completion runs to the cap on both
+        # sides, i.e. identical token counts (what ignore_eos / min_new_tokens do, which groupwise lacks).
+        tok.add_special_tokens({"eos_token": NO_EOS})
+        model.config.eos_token_id = None
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.save_pretrained(dest, safe_serialization=True)
+        tok.save_pretrained(dest)
+        regime = f"random init, EOS unreachable: every completion is exactly {opts.max_tokens} tokens"
+        setup = 0.0
+    from transformers import AutoModelForCausalLM
+
+    n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(dest).parameters())
+    return {"model_dir": str(dest), "params": n, "regime": regime, "model_setup_s": setup}
+
+
+def matmul_peak(n: int, threads: int, reps: int = 5) -> float:
+    """Best fp32 ``torch.mm`` FLOP/s (2·n³/t) for n x n matrices at ``threads`` intra-op threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+# ------------------------------------------------------------------------------------------- the sides
+def _step_record(t: float, rec: dict, **extra) -> dict:
+    import torch
+
+    return {"step_s": t, "gen_s": rec["gen_s"], "gen_tokens": rec["gen_tokens"],
+            "prompt_tokens": rec["prompt_tokens"], "problem_ids": sorted(set(rec["ids"])),
+            "threads": torch.get_num_threads(), **extra}
+
+
+def side_groupwise(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from groupwise import config as gconfig
+    from groupwise.drivers.setup import build
+    from groupwise.drivers.trainer import rl_step
+    from groupwise.registry import NoConfig
+    from groupwise.rewards import REWARDS
+    from groupwise.rewards.basic import per_sample
+
+    reward = "correctness"
+    if spec["reward"] == "dense":  # a plug-in reward term, registered the way any user's would be
+        reward = "bench_dense"
+        if reward not in REWARDS:
+            REWARDS.register(reward, config=NoConfig)(
+                lambda cfg, task: per_sample(lambda s, p: reward_value(task, p, s.text, "dense")))
+    base = {
+        "name": "vs_trl", "out_dir": spec["workdir"], "seed": spec["seed"],
+        "model": {"path": spec["model_dir"], "warm_start": False, "dtype": "float32"},
+        "task": dict(TASK),
+        "rollout": {"prompts_per_step": spec["prompts"], "group_size": spec["group"],
+                    "max_completion_tokens": spec["max_tokens"], "temperature": 1.0, "top_p": 1.0},
+        "reward": {"terms": [{"name": reward}]},
+        "advantage": {"name": "grpo"},
+        "loss": {"terms": [{"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}], "reduction": "token_mean"},
+        "optim": {"lr": spec["lr"], "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
+                  "schedule": "constant", "grad_clip": 1.0, "ppo_epochs": 1},
+        "trainer": {"steps": spec["steps"], "threads": spec["threads"], "progress": False, "sinks": []},
+        "eval": {"before": False, "after": False},
+    }
+    cfg = gconfig.load(None, (), base=base)
+    t0 = time.perf_counter()
+    c = build(cfg)
+    setup_s = time.perf_counter() - t0
+
+    rec: dict = {}
+    generate, builder = c.generator.generate, c.builder
+
+    def timed_generate(requests, params, rng):
+        t = time.perf_counter()
+        out = generate(requests, params, rng)
+        rec["gen_s"] += time.perf_counter() - t
+        rec["prompt_tokens"] += sum(r.prompt_ids.numel() for r in requests)
+        rec["gen_tokens"] += sum(o.completion_ids.numel() for o in out)
+        return out
+
+    def recording_builder(problems, ctx):
+        rec["ids"] += [p.id for p in problems]
+        return builder(problems, ctx)
+
+    c.generator.generate, c.builder = timed_generate, recording_builder
+    steps = []
+    for step in range(spec["steps"]):
+        rec.update(gen_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[])
+        t = time.perf_counter()
+        m, _ = rl_step(c, step)
+        dt = time.perf_counter() - t
+        steps.append(_step_record(
+            dt, rec, rows=m["rollout/samples"], rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
+            zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
+            rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"]))
+    return {"steps": steps, "setup_s": setup_s}
+
+
+def side_trl(spec: dict) -> dict:
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5: gradient_checkpointing renamed
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    lab, problems = plan(spec)
+    flat = [p for ps in problems for p in ps]
+    tok = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, local_files_only=True)
+    messages = [[{"role": "user", "content": p.prompt}] for p in flat]
+    prompt_len = [len(tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                                 add_special_tokens=False)) for m in messages]
+    data = Dataset.from_list([{"prompt": m, "idx": i} for i, m in enumerate(messages)])
+    kind = spec["reward"]
+    rec: dict = {}
+
+    def reward(prompts, completions, completion_ids, idx, **kwargs):
+        rec["gen_tokens"] += sum(len(c) for c in completion_ids)
+        rec["prompt_tokens"] += sum(prompt_len[i] for i in idx)
+        rec["ids"] += [flat[i].id for i in idx]
+        values = [reward_value(lab, flat[i], c[0]["content"], kind) for i, c in zip(idx, completions)]
+        groups: dict[int, list[float]] = {}
+        for i, v in zip(idx, values):
+            groups.setdefault(i, []).append(v)
+        rec["zero_std"] = sum(len(set(g)) == 1 for g in groups.values()) / len(groups)
+        rec["reward_mean"] = sum(values) / len(values)
+        return values
+
+    reward.__name__ = kind
+    generate = model.generate
+
+    def timed_generate(*args, **kwargs):
+        t = time.perf_counter()
+        out = generate(*args, **kwargs)
+        rec["gen_s"] += time.perf_counter() - t
+        return out
+
+    model.generate = timed_generate
+    steps: list[dict] = []
+    batch = spec["prompts"] * spec["group"]
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            rec.update(gen_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[], zero_std=0.0, reward_mean=0.0)
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            dt = time.perf_counter() - self.t
+            steps.append(_step_record(dt, rec, rows=float(batch), rows_trained=float(batch),
+                                      zero_std_frac=rec["zero_std"], reward_mean=rec["reward_mean"]))
+
+    args = GRPOConfig(
+        output_dir=str(Path(spec["workdir"]) / "trl"), seed=spec["seed"], max_steps=spec["steps"],
+        per_device_train_batch_size=batch, gradient_accumulation_steps=1, generation_batch_size=batch,
+        num_generations=spec["group"], max_completion_length=spec["max_tokens"], shuffle_dataset=False,
+        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
+        beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2, num_iterations=1,
+        temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
+        bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True, save_strategy="no",
+        report_to="none", logging_steps=max(spec["steps"], 1), disable_tqdm=True, dataloader_num_workers=0,
+    )
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
+                          processing_class=tok, callbacks=[Timer()])
+    setup_s = time.perf_counter() - t0
+    trainer.train()
+    return {"steps": steps, "setup_s": setup_s}
+
+
+def run_here(side: str, spec: dict) -> dict:
+    """Run one side in this process; ``maxrss_mb`` is this process's peak RSS so far."""
+    import resource
+
+    _use_src()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    t = time.perf_counter()
+    out = (side_trl if side == "trl" else side_groupwise)(spec)
+    out.update(side=side, wall_s=time.perf_counter() - t,
+               maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return out
+
+
+def child_main(side: str, spec_path: str, out_path: str) -> None:
+    out = run_here(side, json.loads(Path(spec_path).read_text()))
+    Path(out_path).write_text(json.dumps(out))
+
+
+def run_side(side: str, spec: dict, workdir: Path, tag: str) -> dict:
+    """Run one side in a fresh interpreter (so peak RSS is its own) and return its per-step records."""
+    spec_path, out_path, log_path = (workdir / f"{tag}.{x}" for x in ("spec.json", "out.json", "log"))
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS=str(spec["threads"]), MKL_NUM_THREADS=str(spec["threads"]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    with log_path.open("w") as log:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", side,
+                               str(spec_path), str(out_path)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0 or not out_path.exists():
+        tail = log_path.read_text()[-3000:]
+        raise RuntimeError(f"{side} side failed (exit {proc.returncode}); log {log_path}:\n{tail}")
+    return json.loads(out_path.read_text())
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def summarize_run(run: dict, params: int, peak: float) -> dict:
+    steps = run["steps"][1:] if len(run["steps"]) > 1 else run["steps"]  # step 1 warms up caches
+    med = lambda key: statistics.median(s[key] for s in steps)  # noqa: E731
+    mean = lambda key: statistics.fmean(s[key] for s in steps)  # noqa: E731
+    tokens = mean("prompt_tokens") + mean("gen_tokens")  # Σ(P+T) over the step's completions
+    flops = 2 * params * tokens + 6 * params * tokens
+    out = {"side": run["side"], "step_s": med("step_s"), "gen_s": med("gen_s"),
+           "gen_tokens": mean("gen_tokens"), "prompt_tokens": mean("prompt_tokens"),
+           "gen_tok_per_s": statistics.median(s["gen_tokens"] / s["step_s"] for s in steps),
+           "rows_trained": mean("rows_trained"), "zero_std_frac": mean("zero_std_frac"),
+           "reward_mean": mean("reward_mean"), "flops_per_step": flops, "maxrss_mb": run["maxrss_mb"],
+           "threads": sorted({s["threads"] for s in run["steps"]})}
+    out["gen_share"] = out["gen_s"] / out["step_s"]
+    out["peak_frac"] = flops / out["step_s"] / peak
+    if "update_s" in steps[0]:
+        out["rollout_s"], out["update_s"] = med("rollout_s"), med("update_s")
+    return out
+
+
+def summarize(runs: list[dict], params: int, peak: float) -> dict:
+    per_run = [summarize_run(r, params, peak) for r in runs]
+    sides = {}
+    for side in dict.fromkeys(r["side"] for r in per_run):
+        rs = [r for r in per_run if r["side"] == side]
+        agg = {k: statistics.median(r[k] for r in rs) for k, v in rs[0].items() if isinstance(v, float)}
+        agg["step_s_range"] = [min(r["step_s"] for r in rs), max(r["step_s"] for r in rs)]
+        agg["repeats"] = len(rs)
+        sides[side] = agg
+    out = {"per_run": per_run, "sides": sides}
+    if {"trl", "groupwise"} <= sides.keys():
+        trl = [r["step_s"] for r in per_run if r["side"] == "trl"]
+        gw = [r["step_s"] for r in per_run if r["side"] == "groupwise"]
+        out["ratio_trl_over_groupwise"] = sides["trl"]["step_s"] / sides["groupwise"]["step_s"]
+        pairs = [a / b for a, b in zip(trl, gw)]
+        out["ratio_per_repeat"] = pairs
+    return out
+
+
+def check_identical(runs: list[dict]) -> list[str]:
+    """Warnings if the sides did not see the same problems, prompt tokens or completion tokens."""
+    warn = []
+    by_side = {}
+    for r in runs:
+        by_side.setdefault(r["side"], r)
+    if len(by_side) == 2:
+        a, b = by_side["trl"]["steps"], by_side["groupwise"]["steps"]
+        if [s["problem_ids"] for s in a] != [s["problem_ids"] for s in b]:
+            warn.append("the two sides trained on different problems")
+        if [s["prompt_tokens"] for s in a] != [s["prompt_tokens"] for s in b]:
+            warn.append("the two sides' prompt token counts differ")
+    return warn
+
+
+def table(result: dict) -> str:
+    s, o = result["summary"], result["options"]
+    lines = [
+        f"groupwise vs TRL {result['versions']['trl']} GRPOTrainer | {o['preset']} ({result['params'] / 1e6:.2f}M "
+        f"params) | {result['regime']} | reward {result['reward']}",
+        f"work/step: {o['prompts']} prompts x G={o['group']} = {o['prompts'] * o['group']} completions, cap "
+        f"{o['max_tokens']} | fp32, {o['threads']} thread(s), lr {o['lr']}, {o['steps']} steps x {o['repeats']} "
+        f"repeat(s) per side, medians over steps 2..N",
+        f"fp32 matmul peak ({o['matmul_n']}^3 torch.mm, best of all probes): {result['peak_flops'] / 1e9:.1f} "
+        f"GFLOP/s (probes: {', '.join(f'{p / 1e9:.1f}' for p in result['peak_probes'])})",
+        "",
+        f"{'side':<10} {'s/step':>7} {'range':>13} {'gen s':>6} {'gen%':>5} {'gen tok':>7} {'tok/s':>6} "
+        f"{'rows trained':>12} {'GFLOP/step':>10} {'% peak':>6} {'peak RSS MB':>11}",
+    ]
+    for side, a in s["sides"].items():
+        lo, hi = a["step_s_range"]
+        lines.append(
+            f"{side:<10} {a['step_s']:>7.3f} {f'{lo:.3f}-{hi:.3f}':>13} {a['gen_s']:>6.3f} {100 * a['gen_share']:>4.0f}% "
+            f"{a['gen_tokens']:>7.0f} {a['gen_tok_per_s']:>6.0f} {a['rows_trained']:>12.1f} "
+            f"{a['flops_per_step'] / 1e9:>10.2f} {100 * a['peak_frac']:>5.1f}% {a['maxrss_mb']:>11.0f}")
+    if "ratio_trl_over_groupwise" in s:
+        pr = ", ".join(f"{x:.2f}" for x in s["ratio_per_repeat"])
+        lines.append(f"\nTRL/groupwise s/step: {s['ratio_trl_over_groupwise']:.2f}x (per repeat: {pr})")
+    gw = s["sides"].get("groupwise")
+    if gw and "rollout_s" in gw:
+        lines.append(f"groupwise split (perf/*): rollout {gw['rollout_s']:.3f} s (generate {gw['gen_s']:.3f} s), "
+                     f"update {gw['update_s']:.3f} s; zero-variance groups {100 * gw['zero_std_frac']:.0f}%")
+    for w in result["warnings"]:
+        lines.append(f"WARNING: {w}")
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------- the core
+def run(opts: Options, log=print, isolate: bool = True) -> dict:
+    """Build the model directory, alternate the sides ``repeats`` times, probe the matmul peak, summarise.
+
+    ``isolate=False`` runs both sides in this process (faster to start, used by the smoke test); peak RSS is
+    then the process's, not each side's.
+    """
+    from importlib.metadata import version
+
+    _use_src()
+
+    if opts.group < 2:
+        raise ValueError("--group must be >= 2 (TRL needs at least 2 generations per prompt)")
+    workdir = Path(opts.workdir) if opts.workdir else Path(tempfile.mkdtemp(prefix="vs_trl-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    info = make_model_dir(opts, workdir / "model")
+    spec = {"model_dir": info["model_dir"], "steps": opts.steps, "prompts": opts.prompts, "group": opts.group,
+            "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
+            "reward": opts.reward_kind, "workdir": str(workdir)}
+    probes = [matmul_peak(opts.matmul_n, opts.threads)]
+    runs = []
+    for r in range(opts.repeats):
+        order = opts.sides if r % 2 == 0 else tuple(reversed(opts.sides))  # ABBA against drifting load
+        for side in order:
+            log(f"[repeat {r + 1}/{opts.repeats}] {side} ...")
+            out = run_side(side, spec, workdir, f"{side}-{r}") if isolate else run_here(side, spec)
+            out["repeat"] = r
+            runs.append(out)
+            log(f"  median s/step {statistics.median(s['step_s'] for s in out['steps'][1:] or out['steps']):.3f}")
+        probes.append(matmul_peak(opts.matmul_n, opts.threads))
+    peak = max(probes)
+    result = {
+        "options": dataclasses.asdict(opts), "reward": opts.reward_kind, "regime": info["regime"],
+        "params": info["params"], "model_dir": info["model_dir"], "peak_flops": peak, "peak_probes": probes,
+        "flop_formula": "2*N*sum(P+T) generation + 6*N*sum(P+T) training, N = parameters",
+        "versions": {k: version(k) for k in ("torch", "transformers", "trl")}, "isolated": isolate,
+        "runs": runs, "warnings": check_identical(runs),
+    }
+    result["summary"] = summarize(runs, info["params"], peak)
+    return result
+
+
+def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = Options()
+    p.add_argument("--preset", default=None, choices=["lab-small", "lab-tiny"],
+                   help=f"embedded model preset (default {d.preset})")
+    p.add_argument("--steps", type=int, help=f"optimizer steps per side and repeat (default {d.steps})")
+    p.add_argument("--prompts", type=int, help=f"prompts per step (default {d.prompts})")
+    p.add_argument("--group", type=int, help=f"completions per prompt G (default {d.group})")
+    p.add_argument("--max-tokens", type=int, help=f"completion cap (default {d.max_tokens})")
+    p.add_argument("--threads", type=int, help=f"torch intra-op threads on both sides (default {d.threads})")
+    p.add_argument("--repeats", type=int, help=f"runs per side, alternating (default {d.repeats})")
+    p.add_argument("--warm-start", action="store_true", help="SFT warm start: completions stop at EOS")
+    p.add_argument("--warm-start-steps", type=int, help=f"SFT steps (default {d.warm_start_steps}, cached)")
+    p.add_argument("--reward", choices=["auto", "correctness", "dense"],
+                   help="auto: correctness with --warm-start, dense otherwise")
+    p.add_argument("--lr", type=float, help=f"learning rate on both sides (default {d.lr})")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--matmul-n", type=int, help=f"matrix size of the peak probe (default {d.matmul_n})")
+    p.add_argument("--sides", help="comma-separated subset of trl,groupwise (default both)")
+    p.add_argument("--workdir", help="keep the model, specs and per-side logs here (default: a temp dir)")
+    p.add_argument("--json", metavar="OUT", help="write every per-step record and the summary as JSON")
+    p.add_argument("--quick", action="store_true", help="tiny settings for a seconds-long smoke run")
+    p.add_argument("--in-process", action="store_true",
+                   help="run both sides in this process (debugging; peak RSS is then not per side)")
+    a = p.parse_args(argv)
+    values = dict(QUICK) if a.quick else {}
+    for f in dataclasses.fields(Options):
+        v = getattr(a, f.name, None)
+        if v is not None and f.name != "sides":
+            values[f.name] = v
+    if a.warm_start:
+        values["warm_start"] = True
+    if a.sides:
+        values["sides"] = tuple(s.strip() for s in a.sides.split(","))
+        if not set(values["sides"]) <= set(SIDES):
+            p.error("--sides: use trl, groupwise or both")
+    return Options(**values), a.json, not a.in_process
+
+
+def main(argv: list[str] | None = None) -> dict:
+    opts, json_out, isolate = parse(argv)
+    result = run(opts, log=lambda m: print(m, file=sys.stderr, flush=True), isolate=isolate)
+    print(table(result))
+    if json_out:
+        Path(json_out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child_main(*sys.argv[2:])
+    else:
+        main()

@@ -1,0 +1,141 @@
+"""Shared experiment harness: run arms × seeds as separate `groupwise train` processes, aggregate, report.
+
+Each run is `python -m groupwise.cli train <recipe> <arm overrides> seed=<s> name=<arm>-s<s>` writing to
+``experiments/out/<experiment>/``; runs execute ``jobs`` at a time with one torch thread each (2 jobs fill
+the 2-core reference machine). Aggregates are mean ± sample std over seeds (and min..max), from each run's
+``summary.json`` (held-out eval before/after) and ``metrics.jsonl`` (training curves). Nothing is tuned
+here: an experiment script states its arms and budget, and reports whatever comes out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "experiments" / "out"
+
+
+def cli_args(description: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (1 torch thread each)")
+    p.add_argument("--steps", type=int, default=0, help="override the experiment's step budget (0: its default)")
+    p.add_argument("--out", default="", help="output directory (default experiments/out/<experiment>)")
+    p.add_argument("--report-only", action="store_true", help="re-aggregate existing runs without training")
+    return p.parse_args()
+
+
+def run_one(recipe: str, overrides: list[str], out_dir: Path, name: str, log: Path) -> Path:
+    run = out_dir / name
+    if (run / "summary.json").exists():
+        return run
+    cmd = [sys.executable, "-m", "groupwise.cli", "train", recipe, *overrides, f"name={name}", f"out_dir={out_dir}",
+           "trainer.threads=1", "trainer.progress=false", "--overwrite"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.time()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    if rc != 0:
+        raise RuntimeError(f"run {name} failed (exit {rc}); see {log}")
+    print(f"  done {name} in {time.time() - t0:.0f}s", flush=True)
+    return run
+
+
+def run_arms(experiment: str, recipe: str, arms: dict[str, list[str]], args: argparse.Namespace) -> dict[str, list[Path]]:
+    """Run every arm for every seed (skipping runs already finished); returns arm -> run dirs."""
+    out_dir = Path(args.out) if args.out else OUT / experiment
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for arm, overrides in arms.items():
+        for s in args.seeds:
+            ov = [*overrides, f"seed={s}"] + ([f"trainer.steps={args.steps}"] if args.steps else [])
+            jobs.append((arm, out_dir / f"{arm}-s{s}", ov, f"{arm}-s{s}"))
+    if not args.report_only:
+        print(f"{experiment}: {len(jobs)} runs, {args.jobs} at a time -> {out_dir}", flush=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda j: run_one(recipe, j[2], out_dir, j[3], out_dir / "logs" / f"{j[3]}.log"), jobs))
+    runs: dict[str, list[Path]] = {}
+    for arm, run, _, _ in jobs:
+        runs.setdefault(arm, []).append(run)
+    return runs
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def final_eval(run: Path, key: str) -> float:
+    return summary(run)["after"][key]
+
+
+def tail_mean(run: Path, key: str, tail: int = 20) -> float:
+    rows = [r[key] for r in metrics(run) if key in r and "perf/step_s" in r]
+    return statistics.fmean(rows[-tail:])
+
+
+def agg(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
+def fmt(a: dict[str, float], digits: int = 3) -> str:
+    return f"{a['mean']:.{digits}f} ± {a['std']:.{digits}f} [{a['min']:.{digits}f}, {a['max']:.{digits}f}]"
+
+
+def table(rows: dict[str, dict[str, dict[str, float]]], columns: list[str], digits: int = 3) -> str:
+    """Markdown: one row per arm, cells 'mean ± std [min, max]' over seeds."""
+    head = "| arm | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
+    body = "".join(f"| {arm} | " + " | ".join(fmt(cells[c], digits) if c in cells else "-" for c in columns) + " |\n"
+                   for arm, cells in rows.items())
+    return head + body
+
+
+def curves(runs: dict[str, list[Path]], key: str, x: str = "step") -> dict[str, tuple[list[float], list[float]]]:
+    """Per arm: the mean curve of ``key`` across seeds (rows aligned by step), with x = step or a cumulative metric."""
+    out = {}
+    for arm, dirs in runs.items():
+        per_seed = []
+        for d in dirs:
+            rows = [r for r in metrics(d) if key in r]
+            xs_by_step = {r["step"]: r.get(x, r["step"]) for r in metrics(d) if x == "step" or x in r}
+            xs_by_step.setdefault(0, 0.0)
+            per_seed.append([(xs_by_step.get(r["step"], r["step"]) if x != "step" else r["step"], r[key]) for r in rows])
+        n = min(len(s) for s in per_seed)
+        xs = [statistics.fmean(s[i][0] for s in per_seed) for i in range(n)]
+        ys = [statistics.fmean(s[i][1] for s in per_seed) for i in range(n)]
+        out[arm] = (xs, ys)
+    return out
+
+
+def plot_curves(runs: dict[str, list[Path]], keys: list[str], out: Path, x: str = "step", smooth: int = 10) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.5), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for arm, (xs, ys) in curves(runs, key, x).items():
+            if not key.startswith("eval/") and smooth > 1:
+                ys = [statistics.fmean(ys[max(0, i - smooth + 1):i + 1]) for i in range(len(ys))]
+            ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, label=arm)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel(x)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,56 @@
+"""Group-relative advantages: ``grpo`` (std-normalised), ``dr_grpo`` (mean-centred), ``rloo`` (leave-one-out).
+
+Conventions (pinned in tests/unit/advantages/test_grpo.py, stated in docs/conventions.md):
+  grpo     A_i = (r_i - mean_g r) / (std_g r + eps), std with ddof=1 and eps=1e-4 (TRL's choice);
+           a zero-variance group gives 0; a singleton group gives 0 (no spread, no baseline).
+  dr_grpo  A_i = r_i - mean_g r  (arXiv:2503.20783, "Understanding R1-Zero-Like Training").
+  rloo     A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g r)  (arXiv:2402.14740); singleton -> 0.
+Padded entries get 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from groupwise.advantages import ADVANTAGES
+from groupwise.advantages.stats import group_count, group_mean, group_std
+from groupwise.registry import NoConfig
+from groupwise.types import ScoredBatch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GRPOConfig:
+    eps: float = 1e-4
+    """Added to the std (TRL: 1e-4; verl: 1e-6)."""
+    ddof: int = 1
+    """Std degrees of freedom: 1 (Bessel, TRL/verl) or 0 (population)."""
+
+    def __post_init__(self) -> None:
+        if self.eps < 0 or self.ddof not in (0, 1):
+            raise ValueError(f"eps={self.eps}, ddof={self.ddof}: eps must be >= 0 and ddof 0 or 1")
+
+
+@ADVANTAGES.register("grpo", config=GRPOConfig)
+def grpo(batch: ScoredBatch, cfg: GRPOConfig) -> Tensor:
+    r, m = batch.rewards, batch.mask
+    centred = (r - group_mean(r, m)) * m
+    std = group_std(r, m, cfg.ddof)
+    # zero-variance and singleton groups give exactly 0 (also with eps = 0, where 0/0 would be NaN)
+    return torch.where(std > 0, centred / (std + cfg.eps).clamp(min=1e-300), torch.zeros_like(centred))
+
+
+@ADVANTAGES.register("dr_grpo", config=NoConfig)
+def dr_grpo(batch: ScoredBatch, cfg: NoConfig) -> Tensor:
+    r, m = batch.rewards, batch.mask
+    return (r - group_mean(r, m)) * m
+
+
+@ADVANTAGES.register("rloo", config=NoConfig)
+def rloo(batch: ScoredBatch, cfg: NoConfig) -> Tensor:
+    r, m = batch.rewards, batch.mask
+    n = group_count(m)
+    scale = n / (n - 1).clamp(min=1)
+    return (r - group_mean(r, m)) * scale * m * (n > 1)

@@ -1,0 +1,80 @@
+"""Evaluate a policy on held-out problems: k samples at the eval temperature plus one greedy sample each.
+
+Returns (metrics, records). Metrics, all prefixed ``eval/``: ``mean_at_k`` (Mean@k, the average correctness
+of the k samples), ``pass_at_1``, ``pass_at_k``, ``maj_at_k``, ``greedy_acc``, ``format_frac``,
+``len_mean``, ``len_median``, ``len_p90``, ``len_correct_mean``, ``truncated_frac``, and per difficulty d
+``mean_at_k/d<d>`` and ``len_mean/d<d>``. Records are one dict per sample (problem id, difficulty, greedy flag,
+text, answer, correct, length, finish reason) for method-specific diagnostics.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+import torch
+
+from groupwise.eval.metrics import majority_correct, pass_at_k
+from groupwise.rewards.scorer import call_with_timeout
+from groupwise.rollout.base import Request, SamplingParams
+from groupwise.tasks.base import stable_seed
+from groupwise.types import Problem
+
+
+def _correct(task, problem: Problem, text: str, timeout_s: float) -> bool:
+    try:
+        return bool(call_with_timeout(lambda: task.verify(problem, text), timeout_s))
+    except Exception:  # noqa: BLE001 - a crashing verifier scores the sample incorrect
+        return False
+
+
+def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: int, temperature: float,
+             max_tokens: int, greedy: bool = True, seed: int = 0, timeout_s: float = 5.0):
+    prompts = [encode(p) for p in problems]
+    rng = torch.Generator().manual_seed(stable_seed("eval", seed))
+    records = []
+    passes = [("sampled", k, SamplingParams(max_tokens, temperature))]
+    if greedy:
+        passes.append(("greedy", 1, SamplingParams(max_tokens, 0.0)))
+    for kind, n, params in passes:
+        outs = generator.generate([Request(pr) for pr in prompts for _ in range(n)], params, rng)
+        for i, p in enumerate(problems):
+            for c in outs[i * n:(i + 1) * n]:
+                text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
+                records.append({"id": p.id, "difficulty": p.difficulty, "greedy": kind == "greedy", "text": text,
+                                "answer": task.extract_answer(text), "correct": _correct(task, p, text, timeout_s),
+                                "format": bool(task.format_ok(text)), "length": int(c.completion_ids.numel()),
+                                "finish_reason": c.finish_reason})
+    return summarize(records, k), records
+
+
+def summarize(records: list[dict], k: int) -> dict[str, float]:
+    sampled = [r for r in records if not r["greedy"]]
+    by_problem: dict[str, list[dict]] = defaultdict(list)
+    for r in sampled:
+        by_problem[r["id"]].append(r)
+    m: dict[str, float] = {}
+    if sampled:
+        lengths = sorted(r["length"] for r in sampled)
+        correct_lengths = [r["length"] for r in sampled if r["correct"]]
+        m["eval/mean_at_k"] = statistics.fmean(r["correct"] for r in sampled)
+        m["eval/pass_at_1"] = statistics.fmean(pass_at_k(len(v), sum(r["correct"] for r in v), 1)
+                                               for v in by_problem.values())
+        m["eval/pass_at_k"] = statistics.fmean(pass_at_k(len(v), sum(r["correct"] for r in v), min(k, len(v)))
+                                               for v in by_problem.values())
+        m["eval/maj_at_k"] = statistics.fmean(majority_correct([r["answer"] for r in v], [r["correct"] for r in v])
+                                              for v in by_problem.values())
+        m["eval/format_frac"] = statistics.fmean(r["format"] for r in sampled)
+        m["eval/len_mean"] = statistics.fmean(lengths)
+        m["eval/len_median"] = float(statistics.median(lengths))
+        m["eval/len_p90"] = float(lengths[min(len(lengths) - 1, int(0.9 * len(lengths)))])
+        m["eval/len_correct_mean"] = statistics.fmean(correct_lengths) if correct_lengths else 0.0
+        m["eval/truncated_frac"] = statistics.fmean(r["finish_reason"] == "length" for r in sampled)
+        for d in sorted({r["difficulty"] for r in sampled}):
+            rows = [r for r in sampled if r["difficulty"] == d]
+            m[f"eval/mean_at_k/d{d}"] = statistics.fmean(r["correct"] for r in rows)
+            m[f"eval/len_mean/d{d}"] = statistics.fmean(r["length"] for r in rows)
+    greedy = [r for r in records if r["greedy"]]
+    if greedy:
+        m["eval/greedy_acc"] = statistics.fmean(r["correct"] for r in greedy)
+    return m

@@ -1,0 +1,1 @@
+"""Models: load any local Hugging Face causal LM, or build the embedded tiny lab model."""

@@ -1,0 +1,64 @@
+"""Teacher-forced log-probs of completions: the one forward used by training, warm start, replay and eval.
+
+Layout (as in generation): prompts left-padded to a common width P, completions right-padded to T, so
+every completion starts at column P and only the last T+1 logits are materialised (``logits_to_keep``).
+Position ids count real tokens only, so padding never shifts a row's positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+
+@dataclasses.dataclass
+class Packed:
+    input_ids: Tensor  # [B, P+T]
+    attention_mask: Tensor  # [B, P+T]
+    position_ids: Tensor  # [B, P+T]
+    completion_ids: Tensor  # [B, T]
+    completion_mask: Tensor  # [B, T] bool: real (non-pad) completion tokens
+    prompt_width: int
+
+
+def pack(prompts: list[Tensor], completions: list[Tensor], pad_id: int, device: torch.device | str = "cpu") -> Packed:
+    b = len(prompts)
+    p = max(int(x.numel()) for x in prompts)
+    t = max(max(int(x.numel()) for x in completions), 1)
+    ids = torch.full((b, p + t), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p + t), dtype=torch.long)
+    for i, (pr, co) in enumerate(zip(prompts, completions)):
+        ids[i, p - pr.numel():p] = pr
+        ids[i, p:p + co.numel()] = co
+        attn[i, p - pr.numel():p + co.numel()] = 1
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    comp_mask = attn[:, p:].bool()
+    return Packed(ids.to(device), attn.to(device), pos.to(device), ids[:, p:].to(device), comp_mask.to(device), p)
+
+
+def completion_logprobs(model: torch.nn.Module, packed: Packed, temperature: float = 1.0,
+                        with_entropy: bool = False, output_attentions: bool = False):
+    """Per-token log-probs [B, T] of the packed completions (with grad if enabled), optional entropy [B, T]
+    (detached, full vocabulary) and the model output (for attentions).
+
+    Logits are divided by ``temperature`` so that log-probs match the sampling distribution (TRL and verl do
+    the same). Padded positions hold 0.
+    """
+    t = packed.completion_ids.shape[1]
+    out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                position_ids=packed.position_ids, logits_to_keep=t + 1, use_cache=False,
+                output_attentions=output_attentions)
+    logits = out.logits[:, :-1].float()  # [B, T, V]; position P-1+j predicts completion token j
+    if temperature != 1.0:
+        logits = logits / temperature
+    logz = torch.logsumexp(logits, dim=-1)  # [B, T]
+    logprobs = logits.gather(-1, packed.completion_ids.unsqueeze(-1)).squeeze(-1) - logz
+    logprobs = logprobs.masked_fill(~packed.completion_mask, 0.0)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            logp = logits - logz.unsqueeze(-1)
+            entropy = -(logp.exp() * logp).sum(-1).masked_fill(~packed.completion_mask, 0.0)
+    return logprobs, entropy, out

@@ -1,0 +1,63 @@
+"""Load the policy: any local Hugging Face causal-LM directory, or an embedded tiny model.
+
+``embedded:<preset>`` builds the tiny Llama + character tokenizer (``tiny.py``) and, when
+``model.warm_start`` is on, starts from the cached SFT warm start on the task's traces (``warm_start.py``).
+A local directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from groupwise.config import ModelConfig
+from groupwise.registry import ConfigError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_pretrained(path: str | Path, dtype: str = "float32", device: str = "cpu"):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise ConfigError(f"model.path: '{path}' is not a local Hugging Face model directory (no config.json); "
+                          "use a local directory or embedded:lab-tiny / embedded:lab-small")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], local_files_only=True)
+    return prepare(model, tokenizer, dtype, device)
+
+
+def prepare(model, tokenizer, dtype: str, device: str):
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device=device, dtype=_DTYPES[dtype])
+    return model, tokenizer
+
+
+def load_model(cfg: ModelConfig, task=None, progress=None):
+    """The policy and its tokenizer, as the run config asks (see module docstring)."""
+    if not cfg.path.startswith("embedded:"):
+        return load_pretrained(cfg.path, cfg.dtype, cfg.device)
+    from groupwise.models import tiny
+
+    preset = cfg.path.split(":", 1)[1]
+    if preset not in tiny.PRESETS:
+        raise ConfigError(f"model.path: unknown embedded preset '{preset}'; valid: "
+                          + ", ".join(f"embedded:{p}" for p in tiny.PRESETS))
+    if cfg.warm_start and cfg.warm_start_steps > 0:
+        from groupwise.models.warm_start import ensure_warm_start
+
+        return load_pretrained(ensure_warm_start(preset, task, cfg, progress), cfg.dtype, cfg.device)
+    tokenizer = tiny.build_tokenizer()
+    return prepare(tiny.build_model(preset, tokenizer), tokenizer, cfg.dtype, cfg.device)
+
+
+def save_model(model, tokenizer, path: str | Path) -> None:
+    """Save in plain Hugging Face format (safetensors), loadable by transformers and vLLM."""
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)

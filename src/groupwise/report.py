@@ -1,0 +1,61 @@
+"""``groupwise compare RUN...``: a table of runs side by side.
+
+For each run: held-out metrics before and after training (from its eval entries), training metrics
+averaged over the last ``tail`` logged steps, and cost (steps, generated tokens, wall-clock).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from groupwise.log import read_metrics
+
+DEFAULT_EVAL = ("eval/mean_at_k", "eval/greedy_acc", "eval/len_mean")
+DEFAULT_TRAIN = ("reward/mean", "reward/correct_frac", "rollout/completion_len_mean")
+
+
+def run_summary(run: str | Path, tail: int = 10, extra: tuple[str, ...] = ()) -> dict[str, float | str]:
+    rows = read_metrics(run)
+    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    train = [r for r in rows if "perf/step_s" in r]
+    out: dict[str, float | str] = {"run": Path(run).name}
+    if evals:
+        for k in DEFAULT_EVAL:
+            if k in evals[0]:
+                out[f"{k} (start)"] = evals[0][k]
+            if k in evals[-1]:
+                out[k] = evals[-1][k]
+    for k in (*DEFAULT_TRAIN, *extra):
+        vals = [r[k] for r in train[-tail:] if k in r] or [r[k] for r in evals[-1:] if k in r]
+        if vals:
+            out[k] = statistics.fmean(vals)
+    if train:
+        out["steps"] = float(train[-1]["step"])
+        out["perf/gen_tokens_total"] = train[-1].get("perf/gen_tokens_total", 0.0)
+        out["perf/wall_s_total"] = train[-1].get("perf/wall_s_total", 0.0)
+        out["perf/step_s (median)"] = statistics.median(r["perf/step_s"] for r in train)
+    return out
+
+
+def compare(runs: list[str], tail: int = 10, extra: tuple[str, ...] = ()):
+    from rich.table import Table
+
+    summaries = [run_summary(r, tail, extra) for r in runs]
+    cols: list[str] = []
+    for s in summaries:
+        cols += [k for k in s if k not in cols]
+    table = Table(title=f"groupwise compare (training metrics: mean of the last {tail} steps)")
+    for c in cols:
+        table.add_column(c, justify="left" if c == "run" else "right")
+    for s in summaries:
+        table.add_row(*[_fmt(s.get(c)) for c in cols])
+    return table, summaries
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3f}"

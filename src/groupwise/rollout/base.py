@@ -1,0 +1,88 @@
+"""The Generator protocol, sampling parameters, and the context handed to group builders."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from groupwise.types import Completion, Group, Problem, Sample
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class Request:
+    """One row to generate. ``prefix`` tokens are forced (prefilled) before sampling starts and count
+    toward ``max_tokens``; a row-level ``max_tokens`` overrides the params' cap (per-mode caps)."""
+
+    prompt_ids: Tensor  # [P] long
+    prefix: tuple[int, ...] = ()
+    max_tokens: int | None = None
+
+
+class Generator(Protocol):
+    """A sampling engine.
+
+    ``generate`` returns exactly one Completion per request, in order. ``rollout_logprobs`` are the log-probs
+    of the returned tokens under the sampling distribution (logits / temperature, before top-p); for
+    temperature 0 they are the temperature-1 log-probs. Identical prompts may share one prefill.
+    ``sync_weights`` is called after every optimizer step (a no-op when the generator shares the
+    training model's parameters, as the ``hf`` backend does).
+    """
+
+    def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]: ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+
+@dataclasses.dataclass
+class RolloutContext:
+    """What a group builder or transform may use: generation, scoring, and teacher-forced log-probs."""
+
+    generator: Generator
+    tokenizer: Any
+    task: Any
+    score: Callable[[list[Group]], None]  # fills correct / reward / reward_terms in place
+    params: SamplingParams
+    group_size: int
+    step: int
+    rng: Callable[[str], torch.Generator]  # a generator seeded from (run seed, step, stage)
+    encode: Callable[[Problem], Tensor]  # prompt token ids
+    policy_logprobs: Callable[[list[Sample]], list[Tensor]]  # teacher-forced, current policy, no grad
+    eos_id: int = 0
+
+    def sample_groups(self, problems: list[Problem], n: int | None = None, prefixes=None,
+                      max_tokens=None, stage: str = "rollout") -> list[Group]:
+        """Generate ``n`` (default G) samples per problem and return unscored groups.
+
+        ``prefixes[i][j]`` / ``max_tokens[i][j]`` optionally set the forced prefix / cap of sample j of
+        problem i. Forced prefix tokens get ``loss_mask=False``.
+        """
+        n = n or self.group_size
+        prompts = [self.encode(p) for p in problems]
+        reqs = [Request(prompts[i], tuple(prefixes[i][j]) if prefixes else (),
+                        max_tokens[i][j] if max_tokens else None)
+                for i in range(len(problems)) for j in range(n)]
+        outs = self.generator.generate(reqs, self.params, self.rng(stage))
+        groups = []
+        for i, p in enumerate(problems):
+            samples = [to_sample(prompts[i], c, self.tokenizer) for c in outs[i * n:(i + 1) * n]]
+            groups.append(Group(problem=p, samples=samples, step=self.step))
+        return groups
+
+
+def to_sample(prompt_ids: Tensor, c: Completion, tokenizer) -> Sample:
+    forced = c.forced if c.forced is not None else torch.zeros_like(c.completion_ids, dtype=torch.bool)
+    text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
+    return Sample(prompt_ids=prompt_ids, completion_ids=c.completion_ids, rollout_logprobs=c.rollout_logprobs,
+                  loss_mask=~forced, finish_reason=c.finish_reason, text=text)

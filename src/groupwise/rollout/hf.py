@@ -1,0 +1,156 @@
+"""The ``hf`` generator: batched sampling with any transformers causal LM and its KV cache.
+
+Identical prompts share one prefill (the G samples of a group cost one prompt pass, the cache is
+expanded G-fold), prompts are left-padded, rows stop on EOS, on a stop string or at their own cap, and
+finished rows are dropped from the cache so late steps only compute live rows. It samples from the
+training model's own parameters, so weight sync is free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+from torch import Tensor
+
+from groupwise.rollout import GENERATORS
+from groupwise.rollout.base import Request, SamplingParams
+from groupwise.types import Completion
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HFConfig:
+    max_batch_rows: int = 1024
+    """Rows per generation pass; larger requests are split."""
+    compact_below: float = 0.75
+    """Drop finished rows from the KV cache once live rows fall below this share of the batch."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_rows < 1 or not 0 <= self.compact_below <= 1:
+            raise ValueError("max_batch_rows must be >= 1 and compact_below in [0, 1]")
+
+
+def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest set of tokens whose mass reaches ``top_p`` (always at least the top token)."""
+    sorted_p, order = probs.sort(-1, descending=True)
+    drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # mass before this token already reached top_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_p)
+
+
+class HFGenerator:
+    def __init__(self, cfg: HFConfig, model: torch.nn.Module, tokenizer):
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        eos = {tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
+        self.eos_ids = torch.tensor(sorted(e for e in eos if e is not None), dtype=torch.long)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        # transformers 5.x renamed the cache argument; 4.x only knows past_key_values
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def sync_weights(self, model: torch.nn.Module) -> None:  # shares parameters with the trainer
+        assert model is self.model
+
+    @torch.no_grad()
+    def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
+        out: list[Completion] = []
+        step = self.cfg.max_batch_rows
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for i in range(0, len(requests), step):
+                out.extend(self._generate(requests[i:i + step], params, rng))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _generate(self, reqs: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
+        model, dev = self.model, next(self.model.parameters()).device
+        # one prefill per distinct prompt
+        index: dict[tuple[int, ...], int] = {}
+        row_prompt = torch.tensor([index.setdefault(tuple(r.prompt_ids.tolist()), len(index)) for r in reqs])
+        prompts = list(index)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for u, p in enumerate(prompts):
+            ids[u, width - len(p):] = torch.tensor(p)
+            attn[u, width - len(p):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        o = model(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev), use_cache=True,
+                  logits_to_keep=1)
+        cache = o.get("cache") or o.get("past_key_values")
+        cache.batch_select_indices(row_prompt.to(dev))  # expand to one cache row per request
+        logits = o.logits[:, -1][row_prompt.to(dev)]  # [B, V]
+        attn = attn[row_prompt].to(dev)
+        next_pos = attn.sum(-1)  # [B] position of the next token
+
+        b = len(reqs)
+        caps = torch.tensor([r.max_tokens if r.max_tokens is not None else params.max_tokens for r in reqs])
+        steps = int(caps.max())
+        n_pre = max((len(r.prefix) for r in reqs), default=0)
+        prefix = torch.full((b, max(n_pre, 1)), -1, dtype=torch.long)
+        for i, r in enumerate(reqs):
+            prefix[i, :len(r.prefix)] = torch.tensor(r.prefix, dtype=torch.long)
+        tokens = torch.full((b, steps), self.pad_id, dtype=torch.long)
+        logps = torch.zeros((b, steps))
+        forced = torch.zeros((b, steps), dtype=torch.bool)
+        length = torch.zeros(b, dtype=torch.long)
+        reason = ["length"] * b
+        rows = torch.arange(b)  # original index of each live cache row
+        live = torch.ones(b, dtype=torch.bool)  # per cache row: still generating
+        eos = self.eos_ids.to(dev)
+        temp = params.temperature
+
+        for t in range(steps):
+            lp = torch.log_softmax(logits.float() / (temp if temp > 0 else 1.0), dim=-1)  # [A, V]
+            if temp > 0:
+                probs = lp.exp()
+                if params.top_p < 1.0:
+                    probs = top_p_filter(probs, params.top_p)
+                tok = torch.multinomial(probs.cpu(), 1, generator=rng).squeeze(-1).to(dev)
+            else:
+                tok = lp.argmax(-1)
+            if t < n_pre:
+                f = prefix[rows, t].to(dev)
+                is_forced = f >= 0
+                tok = torch.where(is_forced, f, tok)
+                forced[rows[live], t] = is_forced.cpu()[live]
+            else:
+                is_forced = torch.zeros_like(tok, dtype=torch.bool)
+            tok_lp = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            w = rows[live]
+            tokens[w, t] = tok.cpu()[live]
+            logps[w, t] = tok_lp.float().cpu()[live]
+            length[w] += 1
+            done = (torch.isin(tok, eos) & ~is_forced).cpu() & live
+            for i in torch.nonzero(done).flatten().tolist():
+                reason[rows[i]] = "stop"
+            if params.stop:
+                for i in torch.nonzero(live & ~done).flatten().tolist():
+                    r = int(rows[i])
+                    tail = self.tokenizer.decode(tokens[r, max(0, t - 24):t + 1].tolist(), skip_special_tokens=True)
+                    if any(tail.endswith(s) for s in params.stop):
+                        done[i], reason[r] = True, "stop"
+            live = live & ~done & (length[rows] < caps[rows])
+            if not live.any():
+                break
+            if live.float().mean() < self.cfg.compact_below:  # shrink the cache to the live rows
+                keep = torch.nonzero(live).flatten()
+                cache.batch_select_indices(keep.to(dev))
+                rows, attn, next_pos, tok, live = rows[keep], attn[keep], next_pos[keep], tok[keep], live[keep]
+            attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=1)
+            o = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
+                      use_cache=True, **{self._cache_kw: cache})
+            logits = o.logits[:, -1]
+            next_pos = next_pos + 1
+
+        return [Completion(tokens[i, :length[i]].clone(), logps[i, :length[i]].clone(), reason[i],
+                           forced[i, :length[i]].clone()) for i in range(b)]
+
+
+@GENERATORS.register("hf", config=HFConfig)
+def hf(cfg: HFConfig, model, tokenizer) -> HFGenerator:
+    return HFGenerator(cfg, model, tokenizer)

@@ -1,0 +1,228 @@
+"""A task read from a JSONL or Parquet file of problems with GSM8K- or MATH-style gold answers.
+
+Each row needs a prompt column and an answer column (names configurable); the answer may be a number, a
+GSM8K ``... #### 42`` solution or LaTeX (``\\frac{1}{2}``, ``\\boxed{...}``) and is stored in canonical form
+(``Problem.answer == "42"``). Verification is ``math_answers.is_correct`` (see that module for the
+extraction order and equivalence rules). Without ``test_path`` a deterministic ``test_fraction`` of the rows
+is held out: the rows whose prompt hashes lowest (``stable_seed``), independent of the run seed, so every
+seed is evaluated on the same problems; rows with a held-out prompt never appear in ``train``.
+A path ``groupwise:data/sample_math.jsonl`` names a file shipped inside the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import re
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from groupwise.tasks import TASKS, math_answers
+from groupwise.tasks.base import stable_seed
+from groupwise.types import Problem
+
+SAMPLE_PATH = "groupwise:data/sample_math.jsonl"
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JsonlConfig:
+    train_path: str = ""
+    """Required: a .jsonl/.ndjson/.json (one object per line) or .parquet file, or ``groupwise:<path>``."""
+    test_path: str = ""
+    """Held-out file; empty = hold out ``test_fraction`` of ``train_path`` deterministically."""
+    test_fraction: float = 0.1
+    prompt_key: str = "question"
+    answer_key: str = "answer"
+    reference_key: str = ""
+    """Column with a worked solution (the SFT target); empty = the task has no reference traces."""
+    difficulty_key: str = ""
+    """Column with an integer difficulty (``"Level 5"`` reads as 5); empty = difficulty 0."""
+    id_key: str = ""
+    """Column with a unique id; empty = ``<file stem>/<row index>``."""
+    system_prompt: str = ""
+    """If set, prompts are chat messages (system, user); else plain text."""
+    max_rows: int = 0
+    """Read at most this many rows of each file (0 = all)."""
+    last_number: bool = False
+    """Fall back to the last number of a completion when it has no <answer>, \\boxed or #### answer."""
+
+    def __post_init__(self) -> None:
+        if not self.train_path:
+            raise ValueError("train_path: required (a .jsonl or .parquet file of problems)")
+        for f in ("train_path", "test_path"):
+            path = getattr(self, f)
+            if path and not path.lower().endswith(_JSONL_SUFFIXES + _PARQUET_SUFFIXES):
+                raise ValueError(
+                    f"{f}={path!r}: allowed suffixes {', '.join(_JSONL_SUFFIXES + _PARQUET_SUFFIXES)}"
+                )
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction={self.test_fraction}: allowed 0 < test_fraction < 1")
+        if not self.prompt_key or not self.answer_key:
+            raise ValueError("prompt_key and answer_key: must be non-empty column names")
+        if self.max_rows < 0:
+            raise ValueError(f"max_rows={self.max_rows}: allowed >= 0 (0 = all rows)")
+
+
+def resolve_path(path: str) -> Path:
+    """A filesystem path; ``groupwise:<relative path>`` names a file inside the installed package."""
+    if path.startswith("groupwise:"):
+        return Path(str(resources.files("groupwise").joinpath(path.split(":", 1)[1])))
+    return Path(path)
+
+
+# ----------------------------------------------------------------------------------------- reading
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            yield where, row
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"{path}: reading Parquet needs pyarrow: pip install 'groupwise[data]'") from None
+    for i, row in enumerate(pq.read_table(path).to_pylist()):
+        yield f"{path} row {i}", row
+
+
+def _difficulty(value: Any, where: str, key: str) -> int:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return int(value)
+    m = re.search(r"-?\d+", value) if isinstance(value, str) else None
+    if m is None:
+        raise ValueError(
+            f"{where}: column '{key}' must be an integer (or text like 'Level 3'), got {value!r}"
+        )
+    return int(m.group(0))
+
+
+def _problem(cfg: JsonlConfig, where: str, row: Any, default_id: str) -> Problem:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for key in (cfg.prompt_key, cfg.answer_key, cfg.reference_key, cfg.difficulty_key, cfg.id_key):
+        if key and key not in row:
+            raise ValueError(
+                f"{where}: missing column '{key}' (columns: {', '.join(map(str, row)) or 'none'})"
+            )
+    prompt = row[cfg.prompt_key]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: column '{cfg.prompt_key}' must be a non-empty string, got {prompt!r:.60}")
+    raw = row[cfg.answer_key]
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise ValueError(f"{where}: column '{cfg.answer_key}' must be a string or number, got {raw!r:.60}")
+    answer = math_answers.gold_answer(str(raw))
+    if not answer:
+        raise ValueError(f"{where}: empty answer in column '{cfg.answer_key}' ({raw!r:.60})")
+    reference = row[cfg.reference_key] if cfg.reference_key else ""
+    if not isinstance(reference, str):
+        raise ValueError(f"{where}: column '{cfg.reference_key}' must be a string, got {reference!r:.60}")
+    return Problem(
+        id=str(row[cfg.id_key]) if cfg.id_key else default_id,
+        prompt=(
+            ({"role": "system", "content": cfg.system_prompt}, {"role": "user", "content": prompt})
+            if cfg.system_prompt
+            else prompt
+        ),
+        answer=answer,
+        difficulty=_difficulty(row[cfg.difficulty_key], where, cfg.difficulty_key)
+        if cfg.difficulty_key
+        else 0,
+        reference=reference,
+        meta={"source": where},
+    )
+
+
+def load_problems(cfg: JsonlConfig, path: str) -> list[Problem]:
+    """Every row of ``path`` as a Problem; a malformed row raises a one-line ValueError naming file:line."""
+    file = resolve_path(path)
+    if not file.is_file():
+        raise ValueError(f"{path}: no such file")
+    rows = _parquet_rows(file) if file.suffix.lower() in _PARQUET_SUFFIXES else _jsonl_rows(file)
+    out: list[Problem] = []
+    seen: dict[str, str] = {}
+    for i, (where, row) in enumerate(rows):
+        if cfg.max_rows and i >= cfg.max_rows:
+            break
+        p = _problem(cfg, where, row, default_id=f"{file.stem}/{i}")
+        if p.id in seen:
+            raise ValueError(f"{where}: duplicate id {p.id!r} (first at {seen[p.id]})")
+        seen[p.id] = where
+        out.append(p)
+    if not out:
+        raise ValueError(f"{path}: no rows")
+    return out
+
+
+def _user_text(p: Problem) -> str:
+    return p.prompt if isinstance(p.prompt, str) else p.prompt[-1]["content"]
+
+
+def split_holdout(problems: list[Problem], fraction: float) -> tuple[list[Problem], list[Problem]]:
+    """(train, test): the ceil(fraction * n) rows whose prompt hashes lowest are held out, order kept."""
+    if len(problems) < 2:
+        raise ValueError(f"need at least 2 rows to hold out a test split, got {len(problems)}")
+    k = min(len(problems) - 1, max(1, math.ceil(fraction * len(problems))))
+    ranked = sorted(problems, key=lambda p: (stable_seed("jsonl-holdout", _user_text(p)), p.id))
+    held = {_user_text(p) for p in ranked[:k]}  # a duplicated prompt goes to test, never to both splits
+    test = [p for p in problems if _user_text(p) in held]
+    train = [p for p in problems if _user_text(p) not in held]
+    if not train:
+        raise ValueError("every row has a held-out prompt; set test_path or lower test_fraction")
+    return train, test
+
+
+# -------------------------------------------------------------------------------------------- task
+class JsonlTask:
+    """Problems from a file, verified by ``math_answers`` (see the module docstring)."""
+
+    name = "jsonl"
+
+    def __init__(self, cfg: JsonlConfig, seed: int = 0):
+        self.cfg = cfg
+        self.seed = seed
+        problems = load_problems(cfg, cfg.train_path)
+        if cfg.test_path:
+            self.train, self.test = problems, load_problems(cfg, cfg.test_path)
+        else:
+            self.train, self.test = split_holdout(problems, cfg.test_fraction)
+
+    def extract_answer(self, completion: str) -> str | None:
+        return math_answers.extract_answer(completion, last_number=self.cfg.last_number)
+
+    def format_ok(self, completion: str) -> bool:
+        return self.extract_answer(completion) is not None
+
+    def verify(self, problem: Problem, completion: str) -> bool:
+        return math_answers.is_correct(completion, problem.answer, last_number=self.cfg.last_number)
+
+    def sft_examples(self, rng: random.Random, n: int) -> list[tuple[Problem, str]]:
+        """(problem, reference) pairs drawn with replacement from train rows that have a reference."""
+        if not self.cfg.reference_key:
+            raise NotImplementedError(
+                "jsonl task: sft_examples needs reference_key (a column of worked solutions)"
+            )
+        pool = [p for p in self.train if p.reference.strip()]
+        if not pool:
+            raise NotImplementedError(
+                f"jsonl task: column '{self.cfg.reference_key}' is empty in every train row"
+            )
+        return [(p, p.reference) for p in (pool[rng.randrange(len(pool))] for _ in range(n))]
+
+
+@TASKS.register("jsonl", config=JsonlConfig)
+def jsonl(cfg: JsonlConfig, seed: int) -> JsonlTask:
+    return JsonlTask(cfg, seed)

@@ -1,0 +1,206 @@
+"""The reasoning lab: procedural chain arithmetic with an exact verifier and dialable trace pathologies.
+
+One family unifies the specs' "ArithTrace" (methods 1-8) and "ToyArith" (methods 9-16). A problem is a
+left-to-right chain ``x0 op1 x1 ... opk xk`` over digits, evaluated modulo ``modulus`` (no precedence);
+its difficulty is the number of operations k. The reference (long) trace is::
+
+    <think>3+5=8;8-2=6;6+7=3;so 3.</think><answer>3</answer>
+
+Each step ``acc op x = result;`` needs only one digit operation, so a ~1M-parameter model can learn it.
+``so X.`` is the answer commitment (where the answer emerges, used by DRE and drift shaping). Warm-start
+traces can carry pathologies, each a probability or count in the config (all 0 by default):
+
+  p_slip       a step's result is a random wrong digit (headroom: RL can remove it)
+  p_wrap_slip  a step whose exact value leaves [0, modulus) is off by one (a flaw greedy decoding copies
+               once it exceeds 0.5)
+  p_fix        a wrong step is followed by ``wait`` and the right recomputation (productive reflection)
+  p_drift      a correct ``so X.`` is followed by ``wait``, a botched step and a wrong ``so Y.`` (drift)
+  max_checks   0..max_checks redundant ``chk <last step>;`` re-checks after the commitment (overthinking);
+               ``check_correct_bonus`` adds that many more allowed checks to traces that end correct
+  modes        completions start with a mode tag: <NT> answer only, <SH> two operations per step, <LG> long
+
+Reference solutions (``Problem.reference``) are always clean long traces. ``env_latency_s`` sleeps in
+``verify`` to simulate a per-rollout environment call (a tool round trip).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import time
+from collections.abc import Iterator, Sequence
+
+from groupwise.tasks import TASKS
+from groupwise.tasks.base import stable_seed
+from groupwise.types import Problem
+
+MODES = ("<NT>", "<SH>", "<LG>")
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+_FORMAT = re.compile(r"(<NT>|<SH>|<LG>)?(<think>[^<]*</think>)?<answer>[^<]+</answer>")
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LabConfig:
+    ops: str = "+-"
+    """Allowed operations, a subset of '+-*'."""
+    modulus: int = 10
+    min_steps: int = 2
+    max_steps: int = 4
+    test_size: int = 256
+    p_slip: float = 0.0
+    p_wrap_slip: float = 0.0
+    p_fix: float = 0.0
+    p_drift: float = 0.0
+    max_checks: int = 0
+    check_correct_bonus: int = 0
+    modes: bool = False
+    env_latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.ops or set(self.ops) - set(_OPS):
+            raise ValueError(f"ops={self.ops!r}: use a non-empty subset of '+-*'")
+        if not 2 <= self.modulus <= 10:
+            raise ValueError(f"modulus={self.modulus}: allowed 2..10 (single-digit values)")
+        if not 1 <= self.min_steps <= self.max_steps <= 12:
+            raise ValueError(f"min_steps={self.min_steps}, max_steps={self.max_steps}: need 1 <= min <= max <= 12")
+        for f in ("p_slip", "p_wrap_slip", "p_fix", "p_drift"):
+            if not 0.0 <= getattr(self, f) <= 1.0:
+                raise ValueError(f"{f}={getattr(self, f)}: a probability in [0, 1]")
+        if self.max_checks < 0 or self.check_correct_bonus < 0 or self.test_size < 1 or self.env_latency_s < 0:
+            raise ValueError("max_checks, check_correct_bonus, env_latency_s must be >= 0 and test_size >= 1")
+
+
+class _Procedural(Sequence[Problem]):
+    """A lazily generated, deterministic sequence: item i is always the same problem."""
+
+    def __init__(self, n: int, make):
+        self._n, self._make = n, make
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self._make(j) for j in range(*i.indices(self._n))]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._make(i % self._n)
+
+    def __iter__(self) -> Iterator[Problem]:
+        return (self._make(i) for i in range(self._n))
+
+
+class Lab:
+    """The reasoning-lab task (see the module docstring)."""
+
+    name = "lab"
+
+    def __init__(self, cfg: LabConfig, seed: int = 0):
+        self.cfg = cfg
+        self.seed = seed
+        ks = list(range(cfg.min_steps, cfg.max_steps + 1))
+        self.test = [self._problem("test", i, rng=random.Random(stable_seed("lab-test", i)),
+                                   k=ks[i % len(ks)]) for i in range(cfg.test_size)]
+        self._test_keys = {p.prompt for p in self.test}
+        self.train = _Procedural(2**40, self._train_item)
+
+    # ---------------------------------------------------------------------------------- problems
+    def _train_item(self, i: int) -> Problem:
+        rng = random.Random(stable_seed("lab-train", self.seed, i))
+        while True:  # held-out problems never appear in training
+            p = self._problem("train", i, rng)
+            if p.prompt not in self._test_keys:
+                return p
+
+    def _problem(self, split: str, i: int, rng: random.Random, k: int | None = None) -> Problem:
+        c = self.cfg
+        k = k if k is not None else rng.randint(c.min_steps, c.max_steps)
+        xs = [rng.randrange(c.modulus) for _ in range(k + 1)]
+        ops = [rng.choice(c.ops) for _ in range(k)]
+        text = str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(ops, xs[1:]))
+        values = self._values(xs, ops)
+        return Problem(id=f"lab/{split}/{i}", prompt=text, answer=str(values[-1]), difficulty=k,
+                       reference=self._long(xs, ops, values, checks=0),
+                       meta={"xs": tuple(xs), "ops": tuple(ops)})
+
+    def _values(self, xs: list[int], ops: list[str]) -> list[int]:
+        acc, out = xs[0], []
+        for o, x in zip(ops, xs[1:]):
+            acc = _OPS[o](acc, x) % self.cfg.modulus
+            out.append(acc)
+        return out
+
+    # ------------------------------------------------------------------------------------ traces
+    @staticmethod
+    def _long(xs, ops, values, checks: int) -> str:
+        steps = "".join(f"{a}{o}{x}={v};" for a, o, x, v in zip([xs[0], *values], ops, xs[1:], values))
+        last = f"{values[-2] if len(values) > 1 else xs[0]}{ops[-1]}{xs[-1]}={values[-1]};"
+        return f"<think>{steps}so {values[-1]}.{('chk ' + last) * checks}</think><answer>{values[-1]}</answer>"
+
+    def trace(self, problem: Problem, rng: random.Random, mode: str = "<LG>") -> str:
+        """A warm-start completion for ``problem`` with the configured pathologies sampled from ``rng``."""
+        c = self.cfg
+        xs, ops = list(problem.meta["xs"]), list(problem.meta["ops"])
+        if mode == "<NT>":
+            return f"<NT><answer>{problem.answer}</answer>" if c.modes else f"<answer>{problem.answer}</answer>"
+        if mode == "<SH>":  # two operations per step
+            acc, parts, i = xs[0], [], 0
+            while i < len(ops):
+                n = 2 if i + 1 < len(ops) else 1
+                expr = f"{acc}" + "".join(f"{ops[i + j]}{xs[i + j + 1]}" for j in range(n))
+                for j in range(n):
+                    acc = _OPS[ops[i + j]](acc, xs[i + j + 1]) % c.modulus
+                parts.append(f"{expr}={acc};")
+                i += n
+            return f"<SH><think>{''.join(parts)}so {acc}.</think><answer>{acc}</answer>"
+        acc, parts, last = xs[0], [], ""
+        for o, x in zip(ops, xs[1:]):
+            exact = _OPS[o](acc, x)
+            v = exact % c.modulus
+            wrong = lambda v=v: rng.choice([u for u in range(c.modulus) if u != v])  # noqa: E731
+            if rng.random() < c.p_slip:
+                v = wrong()
+            elif exact != v and rng.random() < c.p_wrap_slip:
+                v = (v + 1) % c.modulus
+            elif rng.random() < c.p_fix:
+                parts.append(f"{acc}{o}{x}={wrong()};wait ")
+            last = f"{acc}{o}{x}={v};"
+            parts.append(last)
+            acc = v
+        body = "".join(parts) + f"so {acc}."
+        if str(acc) == problem.answer and rng.random() < c.p_drift:
+            acc = rng.choice([u for u in range(c.modulus) if u != acc])
+            body += f"wait {last.split('=')[0]}={acc};so {acc}."
+            last = f"{last.split('=')[0]}={acc};"
+        bonus = c.check_correct_bonus if str(acc) == problem.answer else 0
+        body += ("chk " + last) * rng.randint(0, c.max_checks + bonus)
+        tag = "<LG>" if c.modes else ""
+        return f"{tag}<think>{body}</think><answer>{acc}</answer>"
+
+    def sft_examples(self, rng: random.Random, n: int) -> list[tuple[Problem, str]]:
+        out = []
+        for _ in range(n):
+            p = self.train[rng.randrange(len(self.train))]
+            mode = rng.choice(MODES) if self.cfg.modes else "<LG>"
+            out.append((p, self.trace(p, rng, mode)))
+        return out
+
+    # ---------------------------------------------------------------------------------- verifier
+    def extract_answer(self, completion: str) -> str | None:
+        found = _ANSWER.findall(completion)
+        return found[-1].strip() if found else None
+
+    def verify(self, problem: Problem, completion: str) -> bool:
+        if self.cfg.env_latency_s:
+            time.sleep(self.cfg.env_latency_s)
+        return self.extract_answer(completion) == problem.answer
+
+    def format_ok(self, completion: str) -> bool:
+        return _FORMAT.fullmatch(completion.strip()) is not None
+
+
+@TASKS.register("lab", config=LabConfig)
+def lab(cfg: LabConfig, seed: int) -> Lab:
+    return Lab(cfg, seed)

@@ -1,0 +1,127 @@
+import dataclasses
+import random
+import sys
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from groupwise.tasks import TASKS  # noqa: E402
+from groupwise.tasks.gym import DEFAULT_SYSTEM_PROMPT, GymConfig, GymTask  # noqa: E402
+
+TINY = {
+    "max_digits": 1,
+    "max_terms": 2,
+    "operators": ("+", "-"),
+    "allow_parentheses": False,
+    "allow_negation": False,
+}  # 242 distinct questions: train/test collisions are likely
+
+
+@pytest.fixture(scope="module", params=["basic_arithmetic", "chain_sum"])
+def task(request):
+    return GymTask(GymConfig(dataset=request.param, size=20, test_size=5), seed=0)
+
+
+def test_registered_with_its_config():
+    entry = TASKS.get("reasoning_gym")
+    assert entry.config is GymConfig
+    assert isinstance(entry.obj(GymConfig(size=2, test_size=1), 0), GymTask)
+
+
+def test_right_answer_true_wrong_false(task):
+    for p in [*task.test, task.train[0], task.train[19]]:
+        wrong = str(int(p.answer) + 1)
+        assert task.verify(p, f"<think>easy</think><answer>{p.answer}</answer>")
+        assert task.verify(p, f"<answer> {p.answer} </answer>")
+        assert not task.verify(p, f"<answer>{wrong}</answer>")
+        assert not task.verify(p, f"<answer>{p.answer}</answer> no wait <answer>{wrong}</answer>")
+        assert not task.verify(p, p.answer)  # no answer tag
+        assert task.score(p, "") == 0.0
+
+
+def test_problems_carry_the_entry_and_chat_prompt(task):
+    p = task.test[0]
+    entry = p.meta["entry"]
+    assert p.answer == entry["answer"] and p.id == f"reasoning_gym/{task.cfg.dataset}/test/0"
+    assert p.prompt == (
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "user", "content": entry["question"]},
+    )
+    assert p.difficulty == 0  # metadata["difficulty"] is a dict of ranges, not a number
+    assert GymTask(dataclasses.replace(task.cfg, system_prompt=""), 0).test[0].prompt == entry["question"]
+
+
+def test_substring_partial_credit_is_not_correct_at_min_score_1():
+    task = GymTask(GymConfig(dataset="chain_sum", size=2, test_size=1), 0)
+    base = task.test[0]
+    p = dataclasses.replace(base, answer="6", meta={"entry": {**base.meta["entry"], "answer": "6"}})
+    assert task.score(p, "<answer>16</answer>") == 0.5  # reasoning-gym: len("6") / len("16")
+    assert not task.verify(p, "<answer>16</answer>")
+    assert task.verify(p, "<answer>6</answer>")
+    lenient = GymTask(GymConfig(dataset="chain_sum", size=2, test_size=1, min_score=0.5), 0)
+    assert lenient.verify(p, "<answer>16</answer>")
+
+
+def test_format_and_extraction(task):
+    assert task.extract_answer("<answer>1</answer> then <answer> 7 </answer>") == "7"
+    assert task.format_ok("<answer>7</answer>")
+    assert not task.format_ok("<answer></answer>") and not task.format_ok("7")
+
+
+def test_seeds_and_held_out_disjointness():
+    a = GymTask(GymConfig(size=300, test_size=40, dataset_args=TINY), seed=0)
+    b = GymTask(GymConfig(size=300, test_size=40, dataset_args=TINY), seed=1)
+    a2 = GymTask(GymConfig(size=300, test_size=40, dataset_args=TINY), seed=0)
+    q = lambda ps: [p.meta["entry"]["question"] for p in ps]  # noqa: E731
+    assert q(a.test) == q(b.test)  # the test split does not depend on the run seed
+    assert q(a.train) == q(a2.train) and q(a.train) != q(b.train)
+    raw = [a._spare(0)[i]["question"] for i in range(300)]  # the train dataset before reseeding
+    assert not set(raw).isdisjoint(q(a.test))
+    assert set(q(a.train)).isdisjoint(q(a.test))  # collisions were reseeded away
+    assert len(a.train) == 300 and a.train[-1] == a.train[299]
+    assert [p.id for p in a.train[:3]] == [f"reasoning_gym/basic_arithmetic/train/{i}" for i in range(3)]
+
+
+def test_difficulty_key_reads_numeric_metadata():
+    task = GymTask(GymConfig(dataset="chain_sum", size=5, test_size=5, difficulty_key="num_terms"), 0)
+    assert [p.difficulty for p in task.test] == [p.meta["entry"]["metadata"]["num_terms"] for p in task.test]
+    assert any(p.difficulty > 0 for p in task.test)
+
+
+def test_sft_examples_not_available():
+    with pytest.raises(NotImplementedError, match="no reference solutions"):
+        GymTask(GymConfig(size=2, test_size=1), 0).sft_examples(random.Random(0), 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            {"dataset": "chain_summ"},
+            r"dataset='chain_summ': unknown reasoning_gym dataset \(did you mean 'chain_sum'\?\)",
+        ),
+        ({"dataset": "zzzzzz"}, r"unknown reasoning_gym dataset; e\.g\. basic_arithmetic, chain_sum"),
+        (
+            {"dataset_args": {"max_digit": 1}},
+            r"dataset_args\.max_digit: not a basic_arithmetic option.*max_digits",
+        ),
+        ({"dataset_args": {"seed": 1}}, r"dataset_args\.seed: not a basic_arithmetic option"),
+        ({"dataset_args": {"max_digits": 0}}, r"dataset_args for 'basic_arithmetic': "),
+        ({"dataset": ""}, r"dataset: required"),
+        ({"size": 0}, r"size=0"),
+        ({"min_score": 0.0}, r"min_score=0.0"),
+        ({"min_score": 1.5}, r"min_score=1.5"),
+    ],
+)
+def test_config_errors_are_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as e:
+        GymConfig(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_reasoning_gym_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)
+    cfg = GymConfig()  # without the package the name is not checked at config time
+    with pytest.raises(ImportError, match=r"pip install 'groupwise\[gym\]'"):
+        GymTask(cfg, 0)

@@ -1,0 +1,217 @@
+import json
+import random
+import sys
+
+import pytest
+
+from groupwise.tasks import TASKS
+from groupwise.tasks.jsonl import SAMPLE_PATH, JsonlConfig, JsonlTask, resolve_path
+
+SAMPLE = dict(train_path=SAMPLE_PATH, reference_key="solution", difficulty_key="level", id_key="id")
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def test_registered_with_its_config():
+    entry = TASKS.get("jsonl")
+    assert entry.config is JsonlConfig
+    task = entry.obj(JsonlConfig(**SAMPLE), 0)
+    assert isinstance(task, JsonlTask) and task.name == "jsonl"
+
+
+def test_sample_file_loads_with_canonical_answers():
+    task = JsonlTask(JsonlConfig(**SAMPLE))
+    problems = {p.id: p for p in [*task.train, *task.test]}
+    assert len(problems) == 12 and len(task.test) == 2  # ceil(0.1 * 12)
+    assert problems["gsm-1"].answer == "12"  # "#### 12"
+    assert problems["gsm-5"].answer == "-7"
+    assert problems["math-1"].answer == "\\frac{1}{2}"
+    assert problems["math-5"].answer == "\\frac{3}{5}"  # "\boxed{\frac{3}{5}}"
+    assert problems["gsm-3"].difficulty == 2  # an integer column
+    assert problems["math-2"].difficulty == 2  # "Level 2"
+    assert problems["gsm-1"].prompt.startswith("A baker makes 24 muffins")
+    assert problems["gsm-1"].meta["source"].endswith("sample_math.jsonl:1")
+
+
+def test_every_sample_reference_verifies_and_a_wrong_answer_does_not():
+    task = JsonlTask(JsonlConfig(**SAMPLE))
+    for p in [*task.train, *task.test]:
+        assert task.verify(p, p.reference), p.id
+        assert task.format_ok(p.reference), p.id
+        assert not task.verify(p, "<answer>999</answer>"), p.id
+
+
+def test_task_extraction_api():
+    task = JsonlTask(JsonlConfig(**SAMPLE))
+    assert task.extract_answer("<think>x</think><answer> \u22127 </answer>") == "-7"
+    assert task.extract_answer("I think it is 7") is None
+    assert not task.format_ok("I think it is 7")
+    lenient = JsonlTask(JsonlConfig(**SAMPLE, last_number=True))
+    assert lenient.extract_answer("I think it is 7") == "7"
+
+
+def test_held_out_split_is_pinned_deterministic_and_disjoint():
+    a = JsonlTask(JsonlConfig(**SAMPLE), seed=0)
+    b = JsonlTask(JsonlConfig(**SAMPLE), seed=123)
+    assert [p.id for p in a.test] == ["math-4", "math-6"]  # lowest stable_seed of the prompt text
+    assert [p.id for p in b.test] == [p.id for p in a.test]
+    assert [p.id for p in a.train] == [p.id for p in b.train]
+    assert {p.prompt for p in a.train}.isdisjoint({p.prompt for p in a.test})
+    half = JsonlTask(JsonlConfig(**SAMPLE, test_fraction=0.5))
+    assert len(half.test) == 6 and {p.id for p in a.test} <= {p.id for p in half.test}
+
+
+def test_duplicate_prompts_never_straddle_the_split(tmp_path):
+    rows = [{"question": f"q{i % 5}", "answer": str(i)} for i in range(20)]  # each prompt 4 times
+    task = JsonlTask(JsonlConfig(train_path=write_jsonl(tmp_path / "d.jsonl", rows), test_fraction=0.1))
+    assert {p.prompt for p in task.train}.isdisjoint({p.prompt for p in task.test})
+    assert len(task.test) % 4 == 0 and len(task.test) >= 4
+
+
+def test_column_remapping_and_system_prompt(tmp_path):
+    rows = [
+        {"problem": "What is 2+3?", "final": 5, "uid": "a", "work": "2+3=5. \\boxed{5}", "lvl": "Level 3"},
+        {"problem": "What is 10-4?", "final": "#### 6", "uid": "b", "work": "#### 6", "lvl": 1},
+    ]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    test = write_jsonl(tmp_path / "test.jsonl", rows[:1])
+    cfg = JsonlConfig(
+        train_path=train,
+        test_path=test,
+        prompt_key="problem",
+        answer_key="final",
+        id_key="uid",
+        reference_key="work",
+        difficulty_key="lvl",
+        system_prompt="Be brief.",
+    )
+    task = JsonlTask(cfg)
+    assert [p.id for p in task.train] == ["a", "b"] and [p.id for p in task.test] == ["a"]
+    a = task.train[0]
+    assert a.prompt == (
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+3?"},
+    )
+    assert (a.answer, a.difficulty, a.reference) == ("5", 3, "2+3=5. \\boxed{5}")
+    assert task.train[1].answer == "6"
+
+
+def test_default_ids_and_max_rows(tmp_path):
+    rows = [{"question": f"q{i}", "answer": i} for i in range(10)]
+    task = JsonlTask(
+        JsonlConfig(train_path=write_jsonl(tmp_path / "d.jsonl", rows), max_rows=4, test_fraction=0.25)
+    )
+    assert sorted(p.id for p in [*task.train, *task.test]) == ["d/0", "d/1", "d/2", "d/3"]
+    assert len(task.test) == 1
+
+
+BAD_ROWS = [
+    ('{"question": "q", "answer": ', "invalid JSON"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    ({"answer": "1"}, "missing column 'question' (columns: answer)"),
+    ({"question": "q"}, "missing column 'answer'"),
+    ({"question": 3, "answer": "1"}, "column 'question' must be a non-empty string"),
+    ({"question": "  ", "answer": "1"}, "column 'question' must be a non-empty string"),
+    ({"question": "q", "answer": ""}, "empty answer"),
+    ({"question": "q", "answer": "####  "}, "empty answer"),
+    ({"question": "q", "answer": None}, "column 'answer' must be a string or number"),
+    ({"question": "q", "answer": True}, "column 'answer' must be a string or number"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD_ROWS)
+def test_malformed_row_names_file_and_line(tmp_path, bad, message):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "ok", "answer": "1"}, "", bad])  # line 2 is blank
+    with pytest.raises(ValueError) as e:
+        JsonlTask(JsonlConfig(train_path=path))
+    assert f"{path}:3: " in str(e.value) and message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_malformed_difficulty_and_duplicate_id(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"q": "a", "answer": "1", "lvl": "hard"}])
+    with pytest.raises(ValueError, match=r"d\.jsonl:1: column 'lvl' must be an integer"):
+        JsonlTask(JsonlConfig(train_path=path, prompt_key="q", difficulty_key="lvl"))
+    path = write_jsonl(
+        tmp_path / "e.jsonl", [{"q": "a", "answer": "1", "k": 7}, {"q": "b", "answer": "2", "k": 7}]
+    )
+    with pytest.raises(ValueError, match=r"e\.jsonl:2: duplicate id '7' \(first at .*e\.jsonl:1\)"):
+        JsonlTask(JsonlConfig(train_path=path, prompt_key="q", id_key="k"))
+
+
+def test_parquet_round_trip_matches_jsonl(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in resolve_path(SAMPLE_PATH).read_text().splitlines()]
+    rows = [{**r, "level": str(r["level"])} for r in rows]  # parquet columns need one type
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "pq" / "sample_math.parquet")
+    from_jsonl = JsonlTask(JsonlConfig(**SAMPLE))
+    from_parquet = JsonlTask(
+        JsonlConfig(**{**SAMPLE, "train_path": str(tmp_path / "pq" / "sample_math.parquet")})
+    )
+    for a, b in [(from_jsonl.train, from_parquet.train), (from_jsonl.test, from_parquet.test)]:
+        assert [(p.id, p.prompt, p.answer, p.reference, p.difficulty) for p in a] == [
+            (p.id, p.prompt, p.answer, p.reference, p.difficulty) for p in b
+        ]
+
+
+def test_parquet_malformed_row_names_file_and_row(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(
+        pa.Table.from_pylist([{"question": "a", "answer": "1"}, {"question": "b", "answer": ""}]), path
+    )
+    with pytest.raises(ValueError, match=rf"^{path} row 1: empty answer"):
+        JsonlTask(JsonlConfig(train_path=str(path)))
+
+
+def test_missing_pyarrow_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    path = tmp_path / "d.parquet"
+    path.write_bytes(b"PAR1")
+    with pytest.raises(ImportError, match=r"pip install 'groupwise\[data\]'"):
+        JsonlTask(JsonlConfig(train_path=str(path)))
+
+
+def test_sft_examples(tmp_path):
+    task = JsonlTask(JsonlConfig(**SAMPLE))
+    pairs = task.sft_examples(random.Random(0), 5)
+    assert len(pairs) == 5 and all(text == p.reference and task.verify(p, text) for p, text in pairs)
+    assert {p.id for p, _ in pairs} <= {p.id for p in task.train}
+    assert task.sft_examples(random.Random(0), 5) == pairs
+    with pytest.raises(NotImplementedError, match="reference_key"):
+        JsonlTask(JsonlConfig(train_path=SAMPLE_PATH)).sft_examples(random.Random(0), 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({}, "train_path: required"),
+        ({"train_path": "x.csv"}, "train_path='x.csv': allowed suffixes"),
+        ({"train_path": "x.jsonl", "test_path": "y.txt"}, "test_path='y.txt'"),
+        ({"train_path": "x.jsonl", "test_fraction": 0.0}, "test_fraction=0.0"),
+        ({"train_path": "x.jsonl", "test_fraction": 1.0}, "test_fraction=1.0"),
+        ({"train_path": "x.jsonl", "prompt_key": ""}, "prompt_key and answer_key"),
+        ({"train_path": "x.jsonl", "max_rows": -1}, "max_rows=-1"),
+    ],
+)
+def test_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        JsonlConfig(**kwargs)
+
+
+def test_missing_file_and_too_few_rows(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        JsonlTask(JsonlConfig(train_path=str(tmp_path / "nope.jsonl")))
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        JsonlTask(
+            JsonlConfig(train_path=write_jsonl(tmp_path / "one.jsonl", [{"question": "q", "answer": 1}]))
+        )

@@ -1,0 +1,88 @@
+import random
+import re
+
+import pytest
+
+from groupwise.tasks.lab import Lab, LabConfig
+
+
+@pytest.mark.parametrize(
+    "text,ok,fmt",
+    [
+        ("<think>3+5=8;so 8.</think><answer>8</answer>", True, True),
+        ("<answer>8</answer>", True, True),
+        ("<NT><answer>8</answer>", True, True),
+        ("<answer>8 </answer>", True, True),
+        ("<think>so 8.</think><answer>9</answer>", False, True),
+        ("<answer>9</answer><answer>8</answer>", True, False),  # the last answer counts; format wants one
+        ("<answer>8</answer><answer>9</answer>", False, False),
+        ("<answer>08</answer>", False, True),
+        ("<answer>−8</answer>", False, True),
+        ("<answer>8", False, False),
+        ("8", False, False),
+        ("", False, False),
+        ("<answer></answer>", False, False),
+        ("<think>8</think>", False, False),
+        ("<answer>8</answer> extra", True, False),
+    ],
+)
+def test_verifier_table(lab, text, ok, fmt):
+    problem = next(p for p in lab.test if p.answer == "8")
+    assert lab.verify(problem, text) is ok
+    assert lab.format_ok(text) is fmt
+
+
+def test_reference_traces_are_correct_and_arithmetic_is_left_to_right_mod_10(lab):
+    for p in lab.test:
+        assert lab.verify(p, p.reference) and lab.format_ok(p.reference)
+        acc = int(p.prompt[0])
+        for op, x in re.findall(r"([+\-*])(\d)", p.prompt):
+            acc = {"+": acc + int(x), "-": acc - int(x), "*": acc * int(x)}[op] % 10
+        assert str(acc) == p.answer
+
+
+def test_held_out_never_in_train_and_difficulty_stratified():
+    lab = Lab(LabConfig(test_size=60, min_steps=1, max_steps=3), seed=1)
+    test = {p.prompt for p in lab.test}
+    assert not any(lab.train[i].prompt in test for i in range(2000))
+    assert sorted({p.difficulty for p in lab.test}) == [1, 2, 3]
+    assert lab.train[17] == lab.train[17]
+
+
+def test_pathology_rates_follow_the_config():
+    rng = random.Random(0)
+    clean = Lab(LabConfig(), 0)
+    assert all(clean.verify(p, t) for p, t in clean.sft_examples(rng, 200))
+    slips = Lab(LabConfig(p_wrap_slip=1.0, min_steps=3, max_steps=3), 0)
+    pairs = slips.sft_examples(rng, 300)
+    wrong = sum(not slips.verify(p, t) for p, t in pairs) / len(pairs)
+    # every wrapping step is off by one; a chain of 3 steps over +- rarely avoids all wraps
+    assert 0.6 < wrong < 1.0
+    checks = Lab(LabConfig(max_checks=4), 0)
+    counts = [t.count("chk ") for _, t in checks.sft_examples(rng, 400)]
+    assert set(counts) == {0, 1, 2, 3, 4}
+    assert all(t.index("so ") < t.index("chk ") for _, t in checks.sft_examples(rng, 50) if "chk " in t)
+
+
+def test_drift_and_fix_traces():
+    rng = random.Random(1)
+    drift = Lab(LabConfig(p_drift=1.0), 0)
+    for p, t in drift.sft_examples(rng, 50):
+        assert t.count("so ") == 2 and "wait " in t and not drift.verify(p, t)
+    fix = Lab(LabConfig(p_fix=1.0), 0)
+    for p, t in fix.sft_examples(rng, 50):
+        assert "wait " in t and fix.verify(p, t)
+
+
+def test_modes():
+    lab = Lab(LabConfig(modes=True), 0)
+    seen = {t[:4] for _, t in lab.sft_examples(random.Random(0), 60)}
+    assert seen == {"<NT>", "<SH>", "<LG>"}
+    assert all(lab.verify(p, t) for p, t in lab.sft_examples(random.Random(0), 60))
+
+
+@pytest.mark.parametrize("kw,msg", [({"ops": "+/"}, "ops"), ({"p_slip": 1.5}, "p_slip"), ({"min_steps": 5, "max_steps": 2},
+                                                                                          "min_steps")])
+def test_bad_config(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        LabConfig(**kw)

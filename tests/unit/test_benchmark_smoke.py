@@ -1,0 +1,61 @@
+"""benchmarks/vs_trl.py on tiny settings (2 steps per side), so that the TRL comparison cannot rot silently."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("datasets")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def vs_trl():
+    spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "benchmarks" / "vs_trl.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["vs_trl"] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop("vs_trl", None)
+
+
+def test_quick_run_compares_identical_work(vs_trl, tmp_path, capsys):
+    out = tmp_path / "result.json"
+    result = vs_trl.main(["--quick", "--in-process", "--matmul-n", "128", "--workdir", str(tmp_path / "w"),
+                          "--json", str(out)])
+    o = result["options"]
+    assert (o["steps"], o["prompts"], o["group"], o["max_tokens"]) == (2, 2, 4, 8)
+    assert json.loads(out.read_text())["summary"]["sides"].keys() == {"trl", "groupwise"}
+    runs = {r["side"]: r for r in result["runs"]}
+    assert runs.keys() == {"trl", "groupwise"}
+    assert result["warnings"] == []  # same problems and prompt tokens on both sides, step by step
+    for r in runs.values():
+        assert len(r["steps"]) == 2
+        for s in r["steps"]:
+            assert s["step_s"] > 0 and 0 < s["gen_s"] <= s["step_s"]
+            # random-init regime: EOS is unreachable, so every completion runs to the cap on both sides
+            assert s["gen_tokens"] == o["prompts"] * o["group"] * o["max_tokens"]
+            assert s["threads"] == 1
+            assert 0 <= s["rows_trained"] <= s["rows"] == o["prompts"] * o["group"]
+    assert runs["trl"]["steps"][0]["prompt_tokens"] == runs["groupwise"]["steps"][0]["prompt_tokens"] > 0
+    s = result["summary"]
+    assert s["ratio_trl_over_groupwise"] > 0 and result["peak_flops"] > 0
+    gw = s["sides"]["groupwise"]
+    assert gw["flops_per_step"] == pytest.approx(8 * result["params"] * (gw["prompt_tokens"] + gw["gen_tokens"]))
+    text = capsys.readouterr().out
+    assert "TRL/groupwise" in text and "groupwise split" in text
+
+
+def test_a_side_runs_in_its_own_process(vs_trl, tmp_path):
+    opts = vs_trl.Options(**{**vs_trl.QUICK, "steps": 1})
+    info = vs_trl.make_model_dir(opts, tmp_path / "model")
+    spec = {"model_dir": info["model_dir"], "steps": 1, "prompts": opts.prompts, "group": opts.group,
+            "max_tokens": opts.max_tokens, "threads": 1, "lr": opts.lr, "seed": 0, "reward": "correctness",
+            "workdir": str(tmp_path)}
+    out = vs_trl.run_side("groupwise", spec, tmp_path, "gw")
+    assert out["side"] == "groupwise" and len(out["steps"]) == 1 and out["maxrss_mb"] > 0
+    assert out["steps"][0]["gen_tokens"] == opts.prompts * opts.group * opts.max_tokens
