@@ -81,8 +81,8 @@ class ModelConfig:
     device: str = "cpu"
     warm_start: bool = True
     """For embedded models: start from the cached SFT warm start on the task's reference traces."""
-    warm_start_steps: int = 300
-    warm_start_lr: float = 3e-3
+    warm_start_steps: int = 600
+    warm_start_lr: float = 1e-3
     warm_start_batch: int = 64
     chat_template: bool = True
     """Render prompts with the tokenizer's chat template (when it has one)."""

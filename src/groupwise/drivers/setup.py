@@ -21,6 +21,21 @@ from groupwise.types import Group, Problem, Sample
 from groupwise.update import Learner, build_optimizer
 
 
+class CountingGenerator:
+    """Wraps a Generator and counts the completion tokens it produces (``tokens``; reset by the driver)."""
+
+    def __init__(self, inner):
+        self.inner, self.tokens = inner, 0
+
+    def generate(self, requests, params, rng):
+        out = self.inner.generate(requests, params, rng)
+        self.tokens += sum(int(c.completion_ids.numel()) for c in out)
+        return out
+
+    def sync_weights(self, model) -> None:
+        self.inner.sync_weights(model)
+
+
 @dataclasses.dataclass
 class Components:
     cfg: RunConfig
@@ -70,7 +85,7 @@ class Components:
             score=lambda groups: self.scorer(groups, step),
             params=SamplingParams(r.max_completion_tokens, r.temperature, r.top_p, r.stop),
             group_size=r.group_size, step=step, rng=rng, encode=self.encode,
-            policy_logprobs=self.policy_logprobs, eos_id=self.tokenizer.eos_token_id)
+            policy_logprobs=self.policy_logprobs, model=self.policy, eos_id=self.tokenizer.eos_token_id)
 
     def build_groups(self, problems: list[Problem], ctx: RolloutContext) -> list[Group]:
         groups = self.builder(problems, ctx)
@@ -78,11 +93,23 @@ class Components:
             groups = transform(groups, ctx)
         return groups
 
+    def parts(self) -> dict[str, Any]:
+        """Every stateful-capable component, by a stable name (reward terms included)."""
+        return {"selector": self.selector, "buffer": self.buffer, "builder": self.builder, "teacher": self.teacher,
+                **{f"transform{i}": t for i, t in enumerate(self.transforms)},
+                **{f"reward{i}/{name}": term for i, (name, _, term) in enumerate(self.scorer.terms)}}
+
+    def component_metrics(self) -> dict[str, float]:
+        """Metrics that components expose through an optional ``metrics() -> dict`` (e.g. a control loop)."""
+        out: dict[str, float] = {}
+        for part in self.parts().values():
+            if hasattr(part, "metrics"):
+                out.update(part.metrics())
+        return out
+
     def stateful(self) -> dict[str, Any]:
         """Components whose state is checkpointed (by name)."""
-        parts = {"selector": self.selector, "buffer": self.buffer, "scorer": self.scorer,
-                 **{f"transform{i}": t for i, t in enumerate(self.transforms)}, "builder": self.builder}
-        return {k: v for k, v in parts.items() if hasattr(v, "state_dict")}
+        return {k: v for k, v in self.parts().items() if hasattr(v, "state_dict")}
 
 
 def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Components:
@@ -95,7 +122,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Comp
         ref = copy.deepcopy(policy).eval().requires_grad_(False)  # the initial policy, also after a resume
     if checkpoint is not None:
         policy, tokenizer = load_pretrained(checkpoint / "model", cfg.model.dtype, cfg.model.device)
-    generator = cfg.rollout.generator.entry()(cfg.rollout.generator.cfg, policy, tokenizer)
+    generator = CountingGenerator(cfg.rollout.generator.entry()(cfg.rollout.generator.cfg, policy, tokenizer))
     teacher = cfg.teacher.entry()(cfg.teacher.cfg, policy, tokenizer)
     optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.trainer.steps)
     learner = Learner(policy, optimizer, scheduler, cfg.loss, cfg.optim,

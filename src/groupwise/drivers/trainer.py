@@ -31,17 +31,17 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], int]:
     """One RL step through every stage. Returns (metrics, generated tokens)."""
     cfg, t0 = c.cfg, time.perf_counter()
     ctx = c.context(step)
+    c.generator.tokens = 0  # every token the generator produced this step, discarded samples included
     n = cfg.rollout.prompts_per_step
-    generated: list[int] = [0]
+
+    all_rollouts: list = []  # everything generated this step, refills included (for rollout metrics)
 
     def make(k: int):
         groups = c.build_groups(c.selector.next(step, k, ctx), ctx)
-        generated[0] += sum(s.length for g in groups for s in g.samples)
+        all_rollouts.extend(groups)
         return groups
 
-    groups = make(n)
-    all_rollouts = list(groups)
-    groups, metrics = c.filter(groups, n, lambda k: all_rollouts.extend(more := make(k)) or more)
+    groups, metrics = c.filter(make(n), n, make)
     t_rollout = time.perf_counter() - t0
 
     batch = ScoredBatch.from_groups(groups, step)
@@ -68,12 +68,12 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], int]:
 
     t_update = time.perf_counter() - t1
     metrics.update(group_metrics(all_rollouts))
-    metrics.update(c.buffer.metrics())
+    metrics.update(c.component_metrics())
     metrics.update({"perf/rollout_s": t_rollout, "perf/update_s": t_update,
-                    "perf/step_s": time.perf_counter() - t0, "perf/gen_tokens": float(generated[0]),
-                    "perf/gen_tokens_per_s": generated[0] / max(t_rollout, 1e-9),
+                    "perf/step_s": time.perf_counter() - t0, "perf/gen_tokens": float(c.generator.tokens),
+                    "perf/gen_tokens_per_s": c.generator.tokens / max(t_rollout, 1e-9),
                     "update/replay_rows": float(sum(len(g.samples) for g in train_groups if g.replayed))})
-    return metrics, generated[0]
+    return metrics, c.generator.tokens
 
 
 def token_batch(groups) -> TokenBatch:

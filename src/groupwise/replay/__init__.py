@@ -36,3 +36,6 @@ class NoReplay:
 @BUFFERS.register("none", config=NoConfig)
 def none(cfg: NoConfig) -> NoReplay:
     return NoReplay()
+
+
+from groupwise.replay import basic, hdr  # noqa: E402,F401  (registration)

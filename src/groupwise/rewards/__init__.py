@@ -10,3 +10,6 @@ from groupwise.registry import Registry
 REWARDS = Registry("reward", "factory(cfg, task) -> term(groups, step) -> list[list[float]]")
 
 from groupwise.rewards import basic  # noqa: E402,F401  (registration)
+from groupwise.rewards import acoer, length_penalty  # noqa: E402,F401
+from groupwise.rewards import rouge_l  # noqa: E402,F401
+from groupwise.rewards import think_mode  # noqa: E402,F401

@@ -63,11 +63,3 @@ class Scorer:
         for g, tot in zip(groups, totals):
             for s, r in zip(g.samples, tot):
                 s.reward = r
-
-    def state_dict(self) -> dict[str, Any]:
-        return {name: term.state_dict() for name, _, term in self.terms if hasattr(term, "state_dict")}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, _, term in self.terms:
-            if name in state:
-                term.load_state_dict(state[name])

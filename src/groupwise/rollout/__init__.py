@@ -13,3 +13,5 @@ BUILDERS = Registry("group builder", "factory(cfg) -> (problems, ctx) -> list[Gr
 TRANSFORMS = Registry("group transform", "factory(cfg) -> (groups, ctx) -> list[Group]")
 
 from groupwise.rollout import builders, fake, hf  # noqa: E402,F401  (registration)
+from groupwise.rollout import qlpo  # noqa: E402,F401
+from groupwise.rollout import dre, think_modes  # noqa: E402,F401

@@ -59,6 +59,7 @@ class RolloutContext:
     rng: Callable[[str], torch.Generator]  # a generator seeded from (run seed, step, stage)
     encode: Callable[[Problem], Tensor]  # prompt token ids
     policy_logprobs: Callable[[list[Sample]], list[Tensor]]  # teacher-forced, current policy, no grad
+    model: Any = None  # the policy itself, for components that probe it (e.g. attention maps); never train it here
     eos_id: int = 0
 
     def sample_groups(self, problems: list[Problem], n: int | None = None, prefixes=None,

@@ -1,0 +1,38 @@
+"""``paft``: PAFT's importance-resampled SFT term of the J_Q family (Lin & Ie, arXiv:2604.25907).
+
+PAFT estimates ∇J_Q = P^{1−q}·E_{z ~ π(·|x, r=1)}[∇log π(z)] by resampling the group's successes and
+fine-tuning on them (no negatives, no ratio, no clipping; several epochs are allowed):
+  L = −P̂^{1−q} · (1/K_r) Σ_k log π_θ(z_k)
+Per token this term is −w_b · log π_θ(y_{b,t}), where the row weight w_b = P̂^{1−q}·M·c_b/K_r comes from
+the ``paft`` advantage (advantages/garl.py), which sees the whole group and draws the resample counts c_b;
+the configured reduction then divides by the step's tokens (``token_mean``: the spec's "sequence NLL over
+the mean length"). Rows with weight 0 (failures, undrawn successes) carry no loss, so the term is
+``advantage_only`` and the update skips them. Pair it with ``advantage: paft`` (checked at load).
+Metric ``loss/paft_nll``: the token-mean NLL of the rows being fine-tuned (w > 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from groupwise.losses import LOSSES
+from groupwise.losses.reduce import masked_sum_count
+from groupwise.types import LossInputs, LossTerms
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PAFTLossConfig:
+    advantage_only: ClassVar[bool] = True  # the loss is −A·log π: zero where the resampling weight A is 0
+
+    def check(self, run) -> None:
+        if run.advantage.name != "paft":
+            raise ValueError(f"loss 'paft' fine-tunes on the 'paft' advantage's resampling weights, but "
+                             f"advantage is '{run.advantage.name}'; set advantage: paft")
+
+
+@LOSSES.register("paft", config=PAFTLossConfig)
+def paft(inp: LossInputs, cfg: PAFTLossConfig) -> LossTerms:
+    per_token = -inp.advantages * inp.logprobs
+    picked = inp.completion_mask & (inp.advantages > 0)
+    return LossTerms(per_token, {"loss/paft_nll": masked_sum_count(-inp.logprobs.detach(), picked)})

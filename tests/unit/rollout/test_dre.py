@@ -1,0 +1,205 @@
+import copy
+import itertools
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from groupwise.advantages.grpo import GRPOConfig, grpo
+from groupwise.config import load
+from groupwise.losses import LOSSES
+from groupwise.models.forward import completion_logprobs, pack
+from groupwise.registry import ConfigError, Entry
+from groupwise.rewards.scorer import Scorer
+from groupwise.rollout.base import RolloutContext, SamplingParams
+from groupwise.rollout.dre import DREConfig, dre, find_span
+from groupwise.rollout.fake import FakeConfig, FakeGenerator
+from groupwise.tasks.base import stable_seed
+from groupwise.types import ScoredBatch
+from groupwise.update import Learner, build_optimizer
+
+CHK = "chk 1+1=2;"  # one lab re-check: 10 tokens
+
+
+def context(tokenizer, task, texts, step=0, group_size=4):
+    scorer = Scorer(task, load(None).reward.terms, 1.0)
+    counters: dict = {}
+
+    def rng(stage):
+        return torch.Generator().manual_seed(stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
+
+    return RolloutContext(
+        generator=FakeGenerator(FakeConfig(completions=tuple(texts)), tokenizer), tokenizer=tokenizer, task=task,
+        score=lambda gs: scorer(gs, step), params=SamplingParams(96), group_size=group_size, step=step, rng=rng,
+        encode=lambda p: torch.tensor(tokenizer.encode(p.prompt + "\n", add_special_tokens=False)),
+        policy_logprobs=lambda samples: [], eos_id=tokenizer.eos_token_id)
+
+
+def scored(tokenizer, task, texts, step=0, problem=None):
+    ctx = context(tokenizer, task, texts, step, len(texts))
+    groups = ctx.sample_groups([problem or task.test[0]])
+    ctx.score(groups)
+    return groups, ctx
+
+
+def answers(lab):
+    a = lab.test[0].answer
+    return a, str((int(a) + 1) % 10)
+
+
+def test_detector_first_verified_commitment(lab):
+    # property 7: a wrong candidate at step 2 and the right one at step 3 → t* after the right one
+    a, w = answers(lab)
+    text = f"<think>1+1=2;so {w}.wait 2+1=3;so {a}.{CHK}</think><answer>{a}</answer>"
+    span = find_span(text, lambda x: x == a, DREConfig())
+    assert text[:span.answer_end].endswith(f"wait 2+1=3;so {a}.")
+    assert text[:span.first_commit_end].endswith(f"so {w}.") and span.think_end == text.index("</think>")
+    # the right answer appears only as the final commitment: no tail; no commitment at all: nothing to find
+    span = find_span(f"<think>1+1=2;so {a}.</think><answer>{a}</answer>", lambda x: x == a, DREConfig())
+    assert span.answer_end == span.think_end
+    assert find_span(f"<answer>{a}</answer>", lambda x: x == a, DREConfig()) is None
+
+
+def test_edit_pinned_prefix_kept_tail_deleted(tokenizer, lab):
+    # properties 3 and 4; replace mode; tail = 2 re-checks = 20 tokens ≥ max(16, 0.1·25)
+    a, w = answers(lab)
+    texts = [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
+    groups, ctx = scored(tokenizer, lab, texts)
+    orig = [copy.deepcopy(s) for s in groups[0].samples]
+    t = dre(DREConfig())
+    out = t(groups, ctx)
+    y, y0 = out[0].samples[0], orig[0]
+    assert y.text == f"<think>so {a}.</think><answer>{a}</answer>" and y.correct and y.reward == 1.0
+    t_star = 6  # <think> s o ␣ a .
+    assert torch.equal(y.completion_ids[:t_star], y0.completion_ids[:t_star]) and y.length == y0.length - 20
+    assert torch.equal(y.rollout_logprobs[:t_star], y0.rollout_logprobs[:t_star])
+    assert torch.isnan(y.rollout_logprobs[t_star:]).all() and y.rollout_logprobs[t_star:].numel() == 5  # </think>…EOS
+    assert y.old_logprobs is None and y.loss_mask.all() and y.meta["dre_removed"] == 20
+    assert out[0].samples[1] is groups[0].samples[1]
+    m = t.metrics()
+    assert m["rollout/dre_edited_frac"] == 0.5 and m["rollout/dre_tokens_removed"] == 10.0
+    assert m["rollout/dre_tail_correct"] == 20.0 and m["rollout/dre_tail_incorrect"] == 0.0
+    assert m["rollout/dre_ot_correct"] == pytest.approx(20 / 25)
+
+
+def test_failed_and_ineligible_rollouts_untouched_bit_identical(tokenizer, lab):
+    # properties 1 and 2: a wrong final answer with a correct commitment and a long tail is never edited;
+    # a short tail (1 re-check = 10 < τ_abs 16) is not eligible; a group with nothing eligible is unchanged
+    a, w = answers(lab)
+    texts = [f"<think>so {a}.{CHK}{CHK}{CHK}</think><answer>{w}</answer>", f"<think>so {a}.{CHK}</think><answer>{a}</answer>",
+             f"<think>so {a}.</think><answer>{a}</answer>"]
+    groups, ctx = scored(tokenizer, lab, texts)
+    before = [(s, s.completion_ids.clone(), s.rollout_logprobs.clone(), s.reward) for s in groups[0].samples]
+    adv_before = grpo(ScoredBatch.from_groups(groups), GRPOConfig())
+    t = dre(DREConfig())
+    out = t(groups, ctx)
+    for s, (s0, ids, lp, r) in zip(out[0].samples, before):
+        assert s is s0 and torch.equal(s.completion_ids, ids) and torch.equal(s.rollout_logprobs, lp) and s.reward == r
+    assert torch.equal(grpo(ScoredBatch.from_groups(out), GRPOConfig()), adv_before)
+    m = t.metrics()
+    assert m["rollout/dre_edited_frac"] == 0.0 and m["rollout/dre_tail_incorrect"] == 30.0
+    assert m["rollout/dre_tail_correct"] == 5.0  # (10 + 0) / 2
+
+
+def test_replace_keeps_rewards_and_advantages(tokenizer, lab):
+    # property 5
+    a, w = answers(lab)
+    texts = [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>",
+             f"<think>so {a}.{CHK}{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
+    groups, ctx = scored(tokenizer, lab, texts)
+    r0, a0 = [s.reward for s in groups[0].samples], grpo(ScoredBatch.from_groups(groups), GRPOConfig())
+    out = dre(DREConfig())(groups, ctx)
+    assert [s.reward for s in out[0].samples] == r0 == [1.0, 0.0, 1.0, 0.0]
+    assert torch.equal(grpo(ScoredBatch.from_groups(out), GRPOConfig()), a0)
+    assert [s.meta.get("dre_edited", False) for s in out[0].samples] == [True, False, True, False]
+
+
+def test_append_margin_orders_rewards_and_advantages(tokenizer, lab):
+    # property 6: edit 1 > original 1 − δ = 0.75 > failures 0; group grows to G + 1
+    a, w = answers(lab)
+    texts = [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>",
+             f"<think>so {a}.</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
+    groups, ctx = scored(tokenizer, lab, texts)
+    out = dre(DREConfig(mode="append_margin", delta=0.25))(groups, ctx)
+    assert [s.reward for s in out[0].samples] == [0.75, 0.0, 1.0, 0.0, 1.0]
+    assert out[0].samples[0].meta["dre_margin"] == -0.25
+    adv = grpo(ScoredBatch.from_groups(out), GRPOConfig())[0]
+    # mean 0.55; ddof=1 var = (0.2² + 0.55² + 0.45² + 0.55² + 0.45²)/4 = 1.05/4 = 0.2625 → std 0.5123475
+    std = math.sqrt(0.2625)
+    expected = torch.tensor([0.2, -0.55, 0.45, -0.55, 0.45], dtype=torch.float64) / (std + 1e-4)
+    assert_close(adv, expected, rtol=0, atol=1e-12)
+    assert adv[4] > adv[0] > adv[1]
+
+
+def test_rejected_edit_keeps_the_original(tokenizer, lab):
+    # property 4: a verifier that refuses the edited text (here: it insists on a re-check) keeps y unedited
+    class Picky:
+        def __init__(self, lab):
+            self.lab, self.test = lab, lab.test
+
+        def verify(self, problem, text):
+            return self.lab.verify(problem, text) and ("chk" in text or "<think>" not in text)
+
+        def format_ok(self, text):
+            return True
+
+    task = Picky(lab)
+    a, _ = answers(lab)
+    groups, ctx = scored(tokenizer, task, [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>"])
+    s0 = groups[0].samples[0]
+    t = dre(DREConfig())
+    assert t(groups, ctx)[0].samples[0] is s0 and t.metrics()["rollout/dre_rejected"] == 1.0
+
+
+def test_cap_and_p_edit_deterministic(tokenizer, lab):
+    a, _ = answers(lab)
+    texts = [f"<think>so {a}.{CHK * (2 + i)}</think><answer>{a}</answer>" for i in range(4)]
+    edited = lambda out: [s.meta.get("dre_edited", False) for s in out[0].samples]  # noqa: E731
+    groups, ctx = scored(tokenizer, lab, texts)
+    first = edited(dre(DREConfig(max_edits_per_group=None))(groups, ctx))
+    assert sum(first) == 2  # G // 2
+    groups, ctx = scored(tokenizer, lab, texts)
+    assert edited(dre(DREConfig(max_edits_per_group=None))(groups, ctx)) == first  # same (seed, step, stage)
+    groups, ctx = scored(tokenizer, lab, texts)
+    assert not any(edited(dre(DREConfig(p_edit=0.0))(groups, ctx)))
+    groups, ctx = scored(tokenizer, lab, texts)
+    assert all(edited(dre(DREConfig(max_edits_per_group=4, tau_abs=4))(groups, ctx)))
+
+
+def test_edited_old_logprobs_equal_a_fresh_forward(tiny_model, tokenizer, lab, monkeypatch):
+    # property 8: the update's PPO denominator for an edited row (old_logprobs None) is the current policy's
+    # own detached teacher-forced pass; it equals a fresh forward of the same weights
+    a, w = answers(lab)
+    texts = [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
+    groups, ctx = scored(tokenizer, lab, texts)
+    samples = dre(DREConfig())(groups, ctx)[0].samples
+    assert samples[0].meta.get("dre_edited")
+    with torch.no_grad():
+        packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
+        fresh, _, _ = completion_logprobs(tiny_model, packed)
+    seen = {}
+    entry = LOSSES.get("ppo_clip")
+
+    def spy(inp, cfg):
+        for k, s in enumerate(inp.samples):
+            seen[id(s)] = inp.old_logprobs[k, :s.length].clone()
+        return entry.obj(inp, cfg)
+
+    monkeypatch.setitem(LOSSES._entries, "ppo_clip", Entry("ppo_clip", spy, entry.config))
+    cfg = load(None, ["optim.grad_clip=0"])
+    opt, sched = build_optimizer(tiny_model, cfg.optim, 10)
+    learner = Learner(tiny_model, opt, sched, cfg.loss, cfg.optim, tokenizer.pad_token_id, 1.0, 96)
+    m = learner.step(samples, [torch.full((s.length,), 1.0 - 2 * k) for k, s in enumerate(samples)])
+    for k, s in enumerate(samples):
+        assert_close(seen[id(s)], fresh[k, :s.length], rtol=0, atol=1e-6)
+    assert m["loss/ratio_mean"] == 1.0
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="delta"):
+        DREConfig(delta=1.0)
+    with pytest.raises(ValueError, match="capture group"):
+        DREConfig(commit_pattern="so .")
+    with pytest.raises(ConfigError, match="mode"):
+        load(None, ["rollout.transforms=[{name: dre, mode: regen}]"])
