@@ -45,7 +45,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("trl", "groupwise")
-TASK = {"name": "lab", "p_wrap_slip": 0.6}  # recipes/grpo_lab.yaml's task (the knob shapes warm-start traces only)
+# The lab's default chains (2-4 of + and -, mod 10) with the grpo_lab recipe's removable flaw (wrapping steps off
+# by one 60% of the time); the flaw shapes the warm-start traces only, so sampled accuracy stays mixed.
+TASK = {"name": "lab", "p_wrap_slip": 0.6}
 NO_EOS = "<noeos>"
 
 
@@ -60,6 +62,7 @@ class Options:
     repeats: int = 2
     warm_start: bool = False
     warm_start_steps: int = 300
+    warm_start_lr: float = 3e-3  # pinned (with batch 64), so the cached warm start does not move with defaults
     reward: str = "auto"
     lr: float = 1e-4
     seed: int = 0
@@ -117,10 +120,12 @@ def make_model_dir(opts: Options, dest: Path) -> dict:
 
         lab = Lab(LabConfig(**{k: v for k, v in TASK.items() if k != "name"}), opts.seed)
         t = time.perf_counter()
-        src = ensure_warm_start(opts.preset, lab, ModelConfig(path=f"embedded:{opts.preset}",
-                                                              warm_start_steps=opts.warm_start_steps))
+        mcfg = ModelConfig(path=f"embedded:{opts.preset}", warm_start_steps=opts.warm_start_steps,
+                           warm_start_lr=opts.warm_start_lr, warm_start_batch=64)
+        src = ensure_warm_start(opts.preset, lab, mcfg)
         shutil.copytree(src, dest, dirs_exist_ok=True)
-        regime = f"SFT warm start ({opts.warm_start_steps} steps, cached in {src.parent}), completions stop at EOS"
+        regime = (f"SFT warm start ({opts.warm_start_steps} steps x 64, lr {opts.warm_start_lr:g}; cached as {src}), "
+                  "completions stop at EOS")
         setup = time.perf_counter() - t
     else:
         tok = tiny.build_tokenizer()
@@ -140,27 +145,28 @@ def make_model_dir(opts: Options, dest: Path) -> dict:
     return {"model_dir": str(dest), "params": n, "regime": regime, "model_setup_s": setup}
 
 
-def matmul_peak(n: int, threads: int, reps: int = 5) -> float:
-    """Best fp32 ``torch.mm`` FLOP/s (2·n³/t) for n x n matrices at ``threads`` intra-op threads."""
+def matmul_peak(n: int, threads: int, reps: int = 5) -> dict:
+    """Best fp32 ``torch.mm`` FLOP/s (2·n³/t) for n x n matrices at ``threads`` intra-op threads, per wall
+    second and per CPU second of this process (the latter is what a core delivers when it is not shared)."""
     import torch
 
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)
-    best = float("inf")
+    wall = cpu = float("inf")
     for _ in range(reps):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         torch.mm(a, b)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+    return {"wall": 2 * n**3 / wall, "cpu": 2 * n**3 / max(cpu, 1e-9)}
 
 
 # ------------------------------------------------------------------------------------------- the sides
-def _step_record(t: float, rec: dict, **extra) -> dict:
+def _step_record(t: float, cpu: float, rec: dict, **extra) -> dict:
     import torch
 
-    return {"step_s": t, "gen_s": rec["gen_s"], "gen_tokens": rec["gen_tokens"],
-            "prompt_tokens": rec["prompt_tokens"], "problem_ids": sorted(set(rec["ids"])),
+    return {"step_s": t, "cpu_s": cpu, "gen_s": rec["gen_s"], "gen_cpu_s": rec["gen_cpu_s"],
+            "gen_tokens": rec["gen_tokens"], "prompt_tokens": rec["prompt_tokens"], "problem_ids": sorted(set(rec["ids"])),
             "threads": torch.get_num_threads(), **extra}
 
 
@@ -204,9 +210,10 @@ def side_groupwise(spec: dict) -> dict:
     generate, builder = c.generator.generate, c.builder
 
     def timed_generate(requests, params, rng):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         out = generate(requests, params, rng)
         rec["gen_s"] += time.perf_counter() - t
+        rec["gen_cpu_s"] += time.process_time() - cpu
         rec["prompt_tokens"] += sum(r.prompt_ids.numel() for r in requests)
         rec["gen_tokens"] += sum(o.completion_ids.numel() for o in out)
         return out
@@ -218,12 +225,12 @@ def side_groupwise(spec: dict) -> dict:
     c.generator.generate, c.builder = timed_generate, recording_builder
     steps = []
     for step in range(spec["steps"]):
-        rec.update(gen_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[])
-        t = time.perf_counter()
+        rec.update(gen_s=0.0, gen_cpu_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[])
+        t, cpu = time.perf_counter(), time.process_time()
         m, _ = rl_step(c, step)
-        dt = time.perf_counter() - t
+        dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
         steps.append(_step_record(
-            dt, rec, rows=m["rollout/samples"], rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
+            dt, dcpu, rec, rows=m["rollout/samples"], rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
             zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
             rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"]))
     return {"steps": steps, "setup_s": setup_s}
@@ -268,9 +275,10 @@ def side_trl(spec: dict) -> dict:
     generate = model.generate
 
     def timed_generate(*args, **kwargs):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         out = generate(*args, **kwargs)
         rec["gen_s"] += time.perf_counter() - t
+        rec["gen_cpu_s"] += time.process_time() - cpu
         return out
 
     model.generate = timed_generate
@@ -279,12 +287,13 @@ def side_trl(spec: dict) -> dict:
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            rec.update(gen_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[], zero_std=0.0, reward_mean=0.0)
-            self.t = time.perf_counter()
+            rec.update(gen_s=0.0, gen_cpu_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[], zero_std=0.0,
+                       reward_mean=0.0)
+            self.t, self.cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
-            dt = time.perf_counter() - self.t
-            steps.append(_step_record(dt, rec, rows=float(batch), rows_trained=float(batch),
+            dt, dcpu = time.perf_counter() - self.t, time.process_time() - self.cpu
+            steps.append(_step_record(dt, dcpu, rec, rows=float(batch), rows_trained=float(batch),
                                       zero_std_frac=rec["zero_std"], reward_mean=rec["reward_mean"]))
 
     args = GRPOConfig(
@@ -341,48 +350,51 @@ def run_side(side: str, spec: dict, workdir: Path, tag: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- summary
-def summarize_run(run: dict, params: int, peak: float) -> dict:
+def summarize_run(run: dict, params: int, peak: dict) -> dict:
     steps = run["steps"][1:] if len(run["steps"]) > 1 else run["steps"]  # step 1 warms up caches
     med = lambda key: statistics.median(s[key] for s in steps)  # noqa: E731
     mean = lambda key: statistics.fmean(s[key] for s in steps)  # noqa: E731
     tokens = mean("prompt_tokens") + mean("gen_tokens")  # Σ(P+T) over the step's completions
     flops = 2 * params * tokens + 6 * params * tokens
-    out = {"side": run["side"], "step_s": med("step_s"), "gen_s": med("gen_s"),
-           "gen_tokens": mean("gen_tokens"), "prompt_tokens": mean("prompt_tokens"),
+    out = {"side": run["side"], "step_s": med("step_s"), "cpu_s": med("cpu_s"), "gen_s": med("gen_s"),
+           "gen_cpu_s": med("gen_cpu_s"), "gen_tokens": mean("gen_tokens"), "prompt_tokens": mean("prompt_tokens"),
            "gen_tok_per_s": statistics.median(s["gen_tokens"] / s["step_s"] for s in steps),
            "rows_trained": mean("rows_trained"), "zero_std_frac": mean("zero_std_frac"),
            "reward_mean": mean("reward_mean"), "flops_per_step": flops, "maxrss_mb": run["maxrss_mb"],
            "threads": sorted({s["threads"] for s in run["steps"]})}
     out["gen_share"] = out["gen_s"] / out["step_s"]
-    out["peak_frac"] = flops / out["step_s"] / peak
+    out["peak_frac"] = flops / out["step_s"] / peak["wall"]
+    out["peak_frac_cpu"] = flops / out["cpu_s"] / peak["cpu"]
     if "update_s" in steps[0]:
         out["rollout_s"], out["update_s"] = med("rollout_s"), med("update_s")
     return out
 
 
-def summarize(runs: list[dict], params: int, peak: float) -> dict:
+def summarize(runs: list[dict], params: int, peak: dict) -> dict:
+    """Per run: medians over steps 2..N. Per side: the median of its runs' values and the range of s/step."""
     per_run = [summarize_run(r, params, peak) for r in runs]
     sides = {}
     for side in dict.fromkeys(r["side"] for r in per_run):
         rs = [r for r in per_run if r["side"] == side]
         agg = {k: statistics.median(r[k] for r in rs) for k, v in rs[0].items() if isinstance(v, float)}
-        agg["step_s_range"] = [min(r["step_s"] for r in rs), max(r["step_s"] for r in rs)]
+        for k in ("step_s", "cpu_s"):
+            agg[f"{k}_range"] = [min(r[k] for r in rs), max(r[k] for r in rs)]
         agg["repeats"] = len(rs)
         sides[side] = agg
     out = {"per_run": per_run, "sides": sides}
     if {"trl", "groupwise"} <= sides.keys():
-        trl = [r["step_s"] for r in per_run if r["side"] == "trl"]
-        gw = [r["step_s"] for r in per_run if r["side"] == "groupwise"]
-        out["ratio_trl_over_groupwise"] = sides["trl"]["step_s"] / sides["groupwise"]["step_s"]
-        pairs = [a / b for a, b in zip(trl, gw)]
-        out["ratio_per_repeat"] = pairs
+        for k in ("step_s", "cpu_s"):
+            trl = [r[k] for r in per_run if r["side"] == "trl"]
+            gw = [r[k] for r in per_run if r["side"] == "groupwise"]
+            out[f"ratio_{k}"] = sides["trl"][k] / sides["groupwise"][k]
+            out[f"ratio_{k}_per_repeat"] = [a / b for a, b in zip(trl, gw)]
     return out
 
 
 def check_identical(runs: list[dict]) -> list[str]:
-    """Warnings if the sides did not see the same problems, prompt tokens or completion tokens."""
+    """Warnings if the sides did not see the same problems or prompt tokens, step by step."""
     warn = []
-    by_side = {}
+    by_side: dict[str, dict] = {}
     for r in runs:
         by_side.setdefault(r["side"], r)
     if len(by_side) == 2:
@@ -396,31 +408,39 @@ def check_identical(runs: list[dict]) -> list[str]:
 
 def table(result: dict) -> str:
     s, o = result["summary"], result["options"]
+    pk = result["peak_flops"]
     lines = [
         f"groupwise vs TRL {result['versions']['trl']} GRPOTrainer | {o['preset']} ({result['params'] / 1e6:.2f}M "
         f"params) | {result['regime']} | reward {result['reward']}",
         f"work/step: {o['prompts']} prompts x G={o['group']} = {o['prompts'] * o['group']} completions, cap "
-        f"{o['max_tokens']} | fp32, {o['threads']} thread(s), lr {o['lr']}, {o['steps']} steps x {o['repeats']} "
-        f"repeat(s) per side, medians over steps 2..N",
-        f"fp32 matmul peak ({o['matmul_n']}^3 torch.mm, best of all probes): {result['peak_flops'] / 1e9:.1f} "
-        f"GFLOP/s (probes: {', '.join(f'{p / 1e9:.1f}' for p in result['peak_probes'])})",
+        f"{o['max_tokens']} | fp32, {o['threads']} thread(s), lr {o['lr']} | {o['steps']} steps x {o['repeats']} "
+        f"run(s) per side, alternating; medians over steps 2..N, then over runs",
+        f"fp32 matmul peak ({o['matmul_n']}^3 torch.mm, best probe): {pk['wall'] / 1e9:.1f} GFLOP/s per wall s, "
+        f"{pk['cpu'] / 1e9:.1f} per CPU s (wall probes: {', '.join(f'{p / 1e9:.0f}' for p in result['peak_probes'])})",
         "",
-        f"{'side':<10} {'s/step':>7} {'range':>13} {'gen s':>6} {'gen%':>5} {'gen tok':>7} {'tok/s':>6} "
-        f"{'rows trained':>12} {'GFLOP/step':>10} {'% peak':>6} {'peak RSS MB':>11}",
+        f"{'side':<10} {'s/step':>7} {'range':>13} {'cpu s':>7} {'range':>13} {'gen s':>6} {'gen%':>5} "
+        f"{'gen tok':>7} {'tok/s':>6} {'rows':>5} {'GFLOP':>6} {'%peak':>6} {'%pk cpu':>7} {'RSS MB':>6}",
     ]
     for side, a in s["sides"].items():
         lo, hi = a["step_s_range"]
+        clo, chi = a["cpu_s_range"]
         lines.append(
-            f"{side:<10} {a['step_s']:>7.3f} {f'{lo:.3f}-{hi:.3f}':>13} {a['gen_s']:>6.3f} {100 * a['gen_share']:>4.0f}% "
-            f"{a['gen_tokens']:>7.0f} {a['gen_tok_per_s']:>6.0f} {a['rows_trained']:>12.1f} "
-            f"{a['flops_per_step'] / 1e9:>10.2f} {100 * a['peak_frac']:>5.1f}% {a['maxrss_mb']:>11.0f}")
-    if "ratio_trl_over_groupwise" in s:
-        pr = ", ".join(f"{x:.2f}" for x in s["ratio_per_repeat"])
-        lines.append(f"\nTRL/groupwise s/step: {s['ratio_trl_over_groupwise']:.2f}x (per repeat: {pr})")
+            f"{side:<10} {a['step_s']:>7.2f} {f'{lo:.2f}-{hi:.2f}':>13} {a['cpu_s']:>7.2f} {f'{clo:.2f}-{chi:.2f}':>13} "
+            f"{a['gen_s']:>6.2f} {100 * a['gen_share']:>4.0f}% {a['gen_tokens']:>7.0f} {a['gen_tok_per_s']:>6.0f} "
+            f"{a['rows_trained']:>5.1f} {a['flops_per_step'] / 1e9:>6.1f} {100 * a['peak_frac']:>5.1f}% "
+            f"{100 * a['peak_frac_cpu']:>6.1f}% {a['maxrss_mb']:>6.0f}")
+    if "ratio_step_s" in s:
+        pr = ", ".join(f"{x:.2f}" for x in s["ratio_step_s_per_repeat"])
+        pc = ", ".join(f"{x:.2f}" for x in s["ratio_cpu_s_per_repeat"])
+        lines.append(f"\nTRL/groupwise s/step: {s['ratio_step_s']:.2f}x wall (per run pair: {pr}); "
+                     f"{s['ratio_cpu_s']:.2f}x CPU time (per run pair: {pc})")
     gw = s["sides"].get("groupwise")
     if gw and "rollout_s" in gw:
-        lines.append(f"groupwise split (perf/*): rollout {gw['rollout_s']:.3f} s (generate {gw['gen_s']:.3f} s), "
-                     f"update {gw['update_s']:.3f} s; zero-variance groups {100 * gw['zero_std_frac']:.0f}%")
+        lines.append(f"groupwise split (its perf/* metrics): rollout {gw['rollout_s']:.2f} s (generate "
+                     f"{gw['gen_s']:.2f} s), update {gw['update_s']:.2f} s; zero-variance groups "
+                     f"{100 * gw['zero_std_frac']:.0f}%")
+    if not result["isolated"]:
+        lines.append("note: both sides ran in one process (--in-process): RSS is that process's, not per side")
     for w in result["warnings"]:
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)
@@ -456,10 +476,11 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
             runs.append(out)
             log(f"  median s/step {statistics.median(s['step_s'] for s in out['steps'][1:] or out['steps']):.3f}")
         probes.append(matmul_peak(opts.matmul_n, opts.threads))
-    peak = max(probes)
+    peak = {k: max(p[k] for p in probes) for k in ("wall", "cpu")}
     result = {
         "options": dataclasses.asdict(opts), "reward": opts.reward_kind, "regime": info["regime"],
-        "params": info["params"], "model_dir": info["model_dir"], "peak_flops": peak, "peak_probes": probes,
+        "params": info["params"], "model_dir": info["model_dir"], "peak_flops": peak,
+        "peak_probes": [p["wall"] for p in probes],
         "flop_formula": "2*N*sum(P+T) generation + 6*N*sum(P+T) training, N = parameters",
         "versions": {k: version(k) for k in ("torch", "transformers", "trl")}, "isolated": isolate,
         "runs": runs, "warnings": check_identical(runs),
@@ -482,6 +503,7 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
     p.add_argument("--repeats", type=int, help=f"runs per side, alternating (default {d.repeats})")
     p.add_argument("--warm-start", action="store_true", help="SFT warm start: completions stop at EOS")
     p.add_argument("--warm-start-steps", type=int, help=f"SFT steps (default {d.warm_start_steps}, cached)")
+    p.add_argument("--warm-start-lr", type=float, help=f"SFT learning rate (default {d.warm_start_lr:g})")
     p.add_argument("--reward", choices=["auto", "correctness", "dense"],
                    help="auto: correctness with --warm-start, dense otherwise")
     p.add_argument("--lr", type=float, help=f"learning rate on both sides (default {d.lr})")

@@ -2,13 +2,14 @@
 training on all labels, and beat random selection at the same budget?
 
 Paper claim (abstract): beats a fully supervised model while annotating 29.3% of samples, and converges
-2.75× faster. Setting (recipes/pivottrace_lab.yaml): reasoning lab with wrap slips (p_wrap_slip 0.6, headroom),
-chains of 2-5 operations, `wait` reflections (p_fix 0.1); a finite pool of 512 training problems.
+2.75× faster. Setting (recipes/pivottrace_lab.yaml): the grpo_lab reasoning lab (wrap slips p_wrap_slip 0.6
+give headroom, chains of 2-4 operations give varied difficulty) and a finite pool of 512 training problems.
 
 Arms (same recipe, steps, lr, pool; only the selector's knobs differ):
   all_labels  strategy random, label_budget 1.0: every pool problem annotated (= plain GRPO on the pool)
   pivot_30    strategy pivot, label_budget 0.3: pivot-density triage (50% pseudo-label, 30% gold, 20% skip)
   random_30   strategy random, label_budget 0.3: the same routing on random scores (the budget baseline)
+  entropy_30  strategy entropy, label_budget 0.3: the same routing on mean token entropy (the spec's baseline)
 
 Before training, a calibration check (the spec's "check the premise first"): on 256 pool problems with 16
 probe traces each from the warm start, Spearman of pivot density and of mean token entropy against the
@@ -30,19 +31,23 @@ import harness  # noqa: E402
 
 EXPERIMENT = "pivottrace"
 RECIPE = "recipes/pivottrace_lab.yaml"
-STEPS = 100
+STEPS = 120
 EVAL_EVERY = 20
 COMMON = ["trainer.save_every=0", f"eval.every={EVAL_EVERY}", "trainer.sinks=[jsonl]"]
 ARMS = {
     "all_labels": ["select.strategy=random", "select.label_budget=1.0"],
     "pivot_30": ["select.strategy=pivot", "select.label_budget=0.3"],
     "random_30": ["select.strategy=random", "select.label_budget=0.3"],
+    "entropy_30": ["select.strategy=entropy", "select.label_budget=0.3"],
 }
 CALIB_POOL, CALIB_SAMPLES = 256, 16
 
 
 def calibration(out_dir: Path) -> dict:
-    """Score CALIB_POOL pool problems with CALIB_SAMPLES probe traces each from the warm start (in-process)."""
+    """Score CALIB_POOL pool problems with CALIB_SAMPLES probe traces each from the warm start (in-process).
+
+    Both attention scorers see the same traces (the probe's generator seed depends only on (seed, step, stage)).
+    """
     path = out_dir / "calibration.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -54,28 +59,34 @@ def calibration(out_dir: Path) -> dict:
 
     cfg = load(RECIPE, ["trainer.threads=1", "trainer.progress=false"])
     c = build(cfg)
-    sel_cfg = dataclasses.replace(cfg.select.cfg, pool_size=CALIB_POOL, probe_samples=CALIB_SAMPLES)
-    sel = PivotTraceSelector(sel_cfg, c.task, cfg.seed)
-    probes = sel.probe(sel.pool, c.context(0))
-    err = [1 - statistics.fmean(p.correct) for p in probes]
-    dens, ent = [p.density for p in probes], [p.entropy for p in probes]
-    diff = [p.difficulty for p in sel.pool]
-    wrong = [majority(p.answers)[0] != q.answer for p, q in zip(probes, sel.pool)]
-    out = {"n_problems": len(probes), "samples": CALIB_SAMPLES, "error_rate": statistics.fmean(err),
-           "spearman_pivot_err": spearman(dens, err), "spearman_entropy_err": spearman(ent, err),
-           "spearman_difficulty_err": spearman(diff, err), "spearman_pivot_difficulty": spearman(dens, diff),
-           "auroc_pivot_majority_wrong": auroc(dens, wrong), "auroc_entropy_majority_wrong": auroc(ent, wrong),
-           "mean_density": statistics.fmean(dens), "zero_density_frac": statistics.fmean(d == 0 for d in dens),
-           "buckets": {}}
-    n_gold = int(0.3 * len(probes) + 1e-9)
+    out: dict = {"n_problems": CALIB_POOL, "samples": CALIB_SAMPLES, "buckets": {}}
     rng = random.Random(0)
-    for name, score in (("pivot", dens), ("entropy", ent), ("random", [rng.random() for _ in probes])):
-        actions = route(dict(enumerate(score)), n_gold, sel_cfg.skip_frac, sel_cfg.order)
-        for bucket in ("pseudo", "gold", "skip"):
-            ids = [i for i, a in actions.items() if a == bucket]
-            out["buckets"][f"{name}/{bucket}"] = {
-                "n": len(ids), "error_rate": statistics.fmean(err[i] for i in ids),
-                "pseudo_label_acc": statistics.fmean(not wrong[i] for i in ids)}
+    for scorer in ("js", "lookback"):
+        sel_cfg = dataclasses.replace(cfg.select.cfg, pool_size=CALIB_POOL, probe_samples=CALIB_SAMPLES, scorer=scorer)
+        sel = PivotTraceSelector(sel_cfg, c.task, cfg.seed)
+        probes = sel.probe(sel.pool, c.context(0))
+        err = [1 - statistics.fmean(p.correct) for p in probes]
+        dens, ent = [p.density for p in probes], [p.entropy for p in probes]
+        wrong = [majority(p.answers)[0] != q.answer for p, q in zip(probes, sel.pool)]
+        out.update({"error_rate": statistics.fmean(err), "spearman_entropy_err": spearman(ent, err),
+                    "spearman_difficulty_err": spearman([p.difficulty for p in sel.pool], err),
+                    "auroc_entropy_majority_wrong": auroc(ent, wrong),
+                    f"{scorer}/spearman_pivot_err": spearman(dens, err),
+                    f"{scorer}/spearman_pivot_difficulty": spearman(dens, [p.difficulty for p in sel.pool]),
+                    f"{scorer}/auroc_pivot_majority_wrong": auroc(dens, wrong),
+                    f"{scorer}/mean_density": statistics.fmean(dens),
+                    f"{scorer}/zero_density_frac": statistics.fmean(d == 0 for d in dens)})
+        scores = {f"pivot_{scorer}": dens}
+        if scorer == "js":
+            scores |= {"entropy": ent, "random": [rng.random() for _ in probes]}
+        n_gold = int(0.3 * len(probes) + 1e-9)
+        for name, score in scores.items():
+            actions = route(dict(enumerate(score)), n_gold, sel_cfg.skip_frac, sel_cfg.order)
+            for bucket in ("pseudo", "gold", "skip"):
+                ids = [i for i, a in actions.items() if a == bucket]
+                out["buckets"][f"{name}/{bucket}"] = {
+                    "n": len(ids), "error_rate": statistics.fmean(err[i] for i in ids),
+                    "pseudo_label_acc": statistics.fmean(not wrong[i] for i in ids)}
     path.write_text(json.dumps(out, indent=1))
     return out
 
@@ -101,14 +112,14 @@ def main() -> None:
     for arm, dirs in runs.items():
         last = [[r for r in harness.metrics(d) if "select/labelled_frac" in r][-1] for d in dirs]
         cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])
-                 for k in ("mean_at_k", "greedy_acc", "mean_at_k/d5")}
+                 for k in ("mean_at_k", "greedy_acc", "mean_at_k/d4")}
         cells["labelled_frac"] = harness.agg([r["select/labelled_frac"] for r in last])
         if all("select/pseudo_label_acc" in r for r in last):
             cells["pseudo_label_acc"] = harness.agg([r["select/pseudo_label_acc"] for r in last])
         cells["train_reward(tail20)"] = harness.agg([harness.tail_mean(d, "reward/mean") for d in dirs])
         rows[arm] = cells
         speed[arm] = [steps_to(d, "eval/mean_at_k", target) for d in dirs]
-    cols = ["mean_at_k", "greedy_acc", "mean_at_k/d5", "labelled_frac", "pseudo_label_acc", "train_reward(tail20)"]
+    cols = ["mean_at_k", "greedy_acc", "mean_at_k/d4", "labelled_frac", "pseudo_label_acc", "train_reward(tail20)"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/mean", "rollout/completion_len_mean"], out_dir / "train_curves.png")]
     steps = args.steps or STEPS

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from groupwise.registry import ConfigError
 
-# The demo: a warm start that imitates a removable flaw (steps whose value wraps past 9 are off by one
-# 60% of the time, so greedy decoding copies the slip), then GRPO removes it. See docs/results.md.
+# The demo: chains of three additions mod 10, a warm start that imitates a removable flaw (a step whose sum
+# wraps past 9 is off by one 60% of the time, so greedy decoding copies the slip), then GRPO removes it.
 DEMO = {
     "name": "demo",
-    "task": {"name": "lab", "min_steps": 2, "max_steps": 4, "p_wrap_slip": 0.6},
-    "model": {"path": "embedded:lab-tiny", "warm_start_steps": 300},
+    "task": {"name": "lab", "ops": "+", "min_steps": 3, "max_steps": 3, "p_wrap_slip": 0.6},
+    "model": {"path": "embedded:lab-tiny", "warm_start_steps": 400},
     "rollout": {"prompts_per_step": 16, "group_size": 8, "max_completion_tokens": 48},
     "optim": {"lr": 3e-4},
     "trainer": {"steps": 150, "save_every": 50},

@@ -74,11 +74,18 @@ class Logger:
 
 
 class Progress:
-    """A rich progress bar with live reward, accuracy, completion length and generated tokens/s."""
+    """A rich progress bar with live reward, accuracy, completion length and generated tokens/s.
+
+    On a terminal it is a live bar; otherwise (CI logs, files) it prints a plain line every ~10% of the run.
+    With ``enabled=False`` it prints only notes.
+    """
 
     def __init__(self, total: int, start: int, enabled: bool, title: str = "train"):
-        self.enabled = enabled
-        if not enabled:
+        import sys
+
+        self.total, self.plain = total, enabled and not sys.stdout.isatty()
+        self.enabled = enabled and not self.plain
+        if not self.enabled:
             return
         from rich.progress import (
             BarColumn,
@@ -96,11 +103,14 @@ class Progress:
         self._p.start()
 
     def update(self, step: int, m: dict[str, float]) -> None:
-        if not self.enabled:
+        if not self.enabled and not (self.plain and m and (step % max(self.total // 10, 1) == 0)):
             return
         info = (f"reward {m.get('reward/mean', 0):.3f}  acc {m.get('reward/correct_frac', 0):.3f}  "
                 f"len {m.get('rollout/completion_len_mean', 0):.1f}  {m.get('perf/gen_tokens_per_s', 0):,.0f} tok/s")
-        self._p.update(self._task, completed=step, info=info)
+        if self.plain:
+            print(f"step {step}/{self.total}  {info}", flush=True)
+        else:
+            self._p.update(self._task, completed=step, info=info)
 
     def callback(self, title: str):
         """A ``(i, n, loss)`` callback that shows a sub-task (e.g. the warm start) in the same display."""
@@ -108,7 +118,7 @@ class Progress:
 
         def cb(i: int, n: int, loss: float) -> None:
             if not self.enabled:
-                if i == 1 or i == n or i % max(n // 10, 1) == 0:
+                if self.plain and (i == 1 or i == n or i % max(n // 10, 1) == 0):
                     print(f"{title}: {i}/{n} loss {loss:.4f}", flush=True)
                 return
             if "task" not in state:

@@ -11,7 +11,7 @@ from pathlib import Path
 ARGS = ["trainer.steps=6", "trainer.save_every=3", "trainer.threads=1", "trainer.progress=false",
         "trainer.sinks=[jsonl]", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "rollout.max_completion_tokens=24", "model.warm_start_steps=40", "eval.before=false", "eval.after=false",
-        "task.p_wrap_slip=0.5"]
+        "task.p_wrap_slip=0.5", "reward.terms=[{name: length_penalty, max_length: 24}]"]  # lengths vary, so every step trains
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "grpo_lab.yaml")
 
 
@@ -25,7 +25,9 @@ def training_rows(run: Path):
 
 
 def test_kill_and_resume_matches_uninterrupted(tmp_path):
-    env = {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "0"}
+    src = str(Path(__file__).parents[2] / "src")
+    env = {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "0",
+           "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     ref = subprocess.run(cli(f"out_dir={tmp_path}/a", env=env), env=env, capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr[-2000:]
 
@@ -47,4 +49,5 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     a, b = training_rows(tmp_path / "a" / "grpo_lab"), training_rows(tmp_path / "b" / "grpo_lab")
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
     assert a == b
-    assert any(r.get("update/skipped_rows", 16) < 16 for r in a), "no step trained on anything: the test is vacuous"
+    trained = [r["rollout/samples"] - r["update/skipped_rows"] for r in a if "update/skipped_rows" in r]
+    assert sum(trained) > 0, "no step trained on anything: the test would be vacuous"

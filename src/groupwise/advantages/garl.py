@@ -107,6 +107,8 @@ class PAFTConfig:
     def check(self, run) -> None:
         if not any(t.name == "paft" and t.weight != 0 for t in run.loss.terms):
             raise ValueError("advantage 'paft' holds SFT weights for the 'paft' loss term; add it to loss.terms")
+        if any(t.name == "garl" for t in run.advantage_transforms):
+            raise ValueError("advantage 'paft' already carries the J_Q factor P̂^(1−q); remove the 'garl' transform")
 
 
 @ADVANTAGES.register("paft", config=PAFTConfig)

@@ -48,7 +48,7 @@ class StoreConfig:
     replay_groups: int | None = None
     """K_rep: groups replayed per step (0 disables replay). Mutually exclusive with ``replay_ratio``."""
     replay_ratio: float | None = None
-    """K_rep = round(ratio × fresh groups of the previous step) when ``replay_groups`` is unset (default 0.5)."""
+    """K_rep = round(ratio × fresh groups of the last step) if ``replay_groups`` is unset (default 0.5)."""
     max_age: int = 0
     """Drop groups older than this many steps before sampling (0: no age limit, FIFO eviction only)."""
     ingress: Literal["mixed_reward", "mixed_correct"] = "mixed_reward"
@@ -71,7 +71,7 @@ class StoreConfig:
 
 def mixed(group: Group, ingress: str) -> bool:
     """Ingress test: the group's outcomes are not all equal (it carries a learning signal)."""
-    values = [s.reward for s in group.samples] if ingress == "mixed_reward" else [s.correct for s in group.samples]
+    values = [s.reward if ingress == "mixed_reward" else s.correct for s in group.samples]
     return len(values) > 1 and max(values) != min(values)
 
 
@@ -135,7 +135,7 @@ class GroupStore:
         return [e for e in self.entries if e.step < step]  # never the step that produced the group
 
     def add(self, groups: list[Group], step: int, headroom=None) -> list[Entry]:
-        """Store the groups that pass ingress; ``headroom(group)`` seeds the cache (hdr). Returns the new entries."""
+        """Store the groups that pass ingress (``headroom(group)`` seeds the hdr cache); return the new."""
         self.last_fresh = len(groups)
         new = []
         for g in groups:
@@ -192,11 +192,13 @@ class SimpleReplay:
         else:
             pick = torch.randperm(len(pool), generator=ctx.rng("replay"))[:k].tolist() if k else []
             chosen = [pool[i] for i in pick]
-        unknown = [s for e in chosen for s in e.group.samples if not bool(torch.isfinite(s.rollout_logprobs).all())]
+        unknown = [s for e in chosen for s in e.group.samples
+                   if not bool(torch.isfinite(s.rollout_logprobs).all())]
         current = dict(zip(map(id, unknown), ctx.policy_logprobs(unknown))) if unknown else {}
         out = [replay_copy(e.group, [behaviour_logprobs(s.rollout_logprobs, current.get(id(s)))
                                      for s in e.group.samples], step - e.step) for e in chosen]
-        self._m = {"replay/buffer_size": float(len(self.store.entries)), "replay/budget": float(self.store.budget()),
+        self._m = {"replay/buffer_size": float(len(self.store.entries)),
+                   "replay/budget": float(self.store.budget()),
                    "replay/groups": float(len(out)), "replay/evicted": float(self.store.evicted - before)}
         if out:
             self._m["replay/age_mean"] = sum(step - e.step for e in chosen) / len(chosen)

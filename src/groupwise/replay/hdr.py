@@ -11,9 +11,9 @@ tokens that carry loss and have a generator log-prob, A_i the stored advantage o
   token drift      Δ_ij = log π_θt(a_ij|s_ij) − log π_gen(a_ij|s_ij)
   group drift      D(g; θ_t) = (1/|T(g)|) Σ Δ_ij²   (a mean square: shifts of opposite sign cannot cancel)
   admission        D(g; θ_t) ≤ τ
-  Prop. 2          |H(g; π_θt) − H(g; π_gen)| ≤ sqrt(D(g; θ_t)), because |e^x − e^y| ≤ |x − y| for x, y ≤ 0 and
-                   mean|Δ| ≤ sqrt(mean Δ²) (Cauchy–Schwarz); so a cached-headroom gap wider than
-                   sqrt(D(g)) + sqrt(D(h)) keeps g ranked above h under the current policy.
+  Prop. 2          |H(g; π_θt) − H(g; π_gen)| ≤ sqrt(D(g; θ_t)), because |e^x − e^y| ≤ |x − y| for
+                   x, y ≤ 0 and mean|Δ| ≤ sqrt(mean Δ²) (Cauchy–Schwarz); so a cached-headroom gap wider
+                   than sqrt(D(g)) + sqrt(D(h)) keeps g ranked above h under the current policy.
 
 The paper's step: A generate + score + advantages (the engine), B rank stored groups by cached headroom,
 C scan them with one teacher-forced pass each and admit by drift until K_rep are admitted, D update on the
@@ -22,9 +22,9 @@ groups FIFO after the update (``add``), so a group is never replayed in the step
 
   B  eligible groups sorted by cached headroom, descending; ties go to the most recently stored group
      (so with equal headroom and τ = ∞ HDR replays exactly what ``fifo`` replays).
-  C  the scan runs in chunks of (K_rep − admitted so far) groups, one batched ``ctx.policy_logprobs`` call per
-     chunk: every scanned group gets exactly one pass, no group beyond the point where K_rep are admitted is
-     scanned, and nothing is generated. Each scanned group's cached headroom becomes H(g; π_θt) (rejected
+  C  the scan runs in chunks of (K_rep − admitted so far) groups, one batched ``ctx.policy_logprobs`` call
+     per chunk: every scanned group gets exactly one pass, no group past the point where K_rep are admitted
+     is scanned, and nothing is generated. Each scanned group's cached headroom becomes H(g; π_θt) (rejected
      ones too); unscanned groups keep theirs; a new group's cache is H(g; π_gen) from its stored log-probs.
 
 Design choices where the paper is silent (spec §1 [design]); store, ingress, eviction and budget rules are
@@ -104,8 +104,8 @@ def group_tokens(group: Group, logprobs: list[Tensor] | None = None) -> tuple[Te
         keep = s.loss_mask & torch.isfinite(s.rollout_logprobs)  # [T]
         gen.append(s.rollout_logprobs[keep].double())
         cur.append((logprobs[i] if logprobs is not None else s.rollout_logprobs)[keep].double())
-        sign.append(torch.full((int(keep.sum()),), 1.0 if s.advantage > 0 else (-1.0 if s.advantage < 0 else 0.0),
-                               dtype=torch.float64))
+        a = 1.0 if s.advantage > 0 else (-1.0 if s.advantage < 0 else 0.0)
+        sign.append(torch.full((int(keep.sum()),), a, dtype=torch.float64))
     return torch.cat(gen), torch.cat(cur), torch.cat(sign)
 
 
@@ -184,7 +184,8 @@ class HDR:
     def add(self, groups: list[Group], step: int) -> None:  # Phase E
         evicted = self.store.evicted
         new = self.store.add(groups, step, headroom=reference_headroom)
-        finish_add_metrics(self._m, groups, new, self.store, self.store.evicted - evicted, self._replay_tokens)
+        finish_add_metrics(self._m, groups, new, self.store, self.store.evicted - evicted,
+                           self._replay_tokens)
         self._replay_tokens = 0
         if groups:
             self._m["replay/headroom_fresh"] = sum(map(reference_headroom, groups)) / len(groups)

@@ -264,6 +264,13 @@ def auroc(scores: list[float], labels: list[bool]) -> float:
 
 
 # ---------------------------------------------------------------------------------- the selector
+def _verify(task, problem: Problem, text: str) -> bool:
+    try:
+        return bool(task.verify(problem, text))
+    except Exception:  # noqa: BLE001 - a diagnostic only: a crashing verifier counts as wrong
+        return False
+
+
 @dataclasses.dataclass
 class Probe:
     """Per problem: pivot density, mean token entropy, probe answers and probe correctness (diagnostics)."""
@@ -325,7 +332,7 @@ class PivotTraceSelector:
                     density=pivot_density([r[0] for r in rows_g], [r[1] for r in rows_g]),
                     entropy=sum(r[2] for r in rows_g) / len(rows_g),
                     answers=[ctx.task.extract_answer(s.text) for s in g.samples],
-                    correct=[bool(ctx.task.verify(g.problem, s.text)) for s in g.samples]))  # diagnostics only
+                    correct=[_verify(ctx.task, g.problem, s.text) for s in g.samples]))  # diagnostics only
         return out
 
     # -------------------------------------------------------------------------------- triage

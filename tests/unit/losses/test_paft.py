@@ -144,6 +144,8 @@ def test_pairing_and_ranges_fail_at_load():
         load(None, ["loss.terms=[paft]"])
     with pytest.raises(ConfigError, match="advantage 'paft'.*add it to loss.terms"):
         load(None, ["advantage.name=paft"])
+    with pytest.raises(ConfigError, match="remove the 'garl' transform"):
+        load(None, [*PAIRED, "advantage_transforms=[garl]"])
     with pytest.raises(ConfigError, match=r"advantage: q=-0\.5: the J_Q continuum"):
         load(None, ["advantage={name: paft, q: -0.5}", "loss.terms=[paft]"])
     with pytest.raises(ValueError, match="k_r=-1"):

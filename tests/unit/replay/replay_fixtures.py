@@ -14,13 +14,16 @@ def sample(logprobs, advantage=0.0, reward=None, correct=None, mask=None):
     n = lp.numel()
     reward = float(advantage > 0) if reward is None else reward
     return Sample(prompt_ids=torch.tensor([5, 6, 7]), completion_ids=torch.arange(10, 10 + n),
-                  rollout_logprobs=lp, loss_mask=torch.ones(n, dtype=torch.bool) if mask is None else torch.tensor(mask),
-                  finish_reason="stop", reward=reward, correct=bool(reward > 0) if correct is None else correct,
+                  rollout_logprobs=lp,
+                  loss_mask=torch.ones(n, dtype=torch.bool) if mask is None else torch.tensor(mask),
+                  finish_reason="stop", reward=reward,
+                  correct=bool(reward > 0) if correct is None else correct,
                   advantage=advantage)
 
 
 def group(samples, step=0, pid="p"):
-    return Group(problem=Problem(id=pid, prompt="1+1", answer="2", meta={"xs": (1, 1)}), samples=samples, step=step)
+    problem = Problem(id=pid, prompt="1+1", answer="2", meta={"xs": (1, 1)})
+    return Group(problem=problem, samples=samples, step=step)
 
 
 def mixed_group(pid, step=0, pos=-0.5, neg=-0.5, tokens=2):
@@ -47,7 +50,8 @@ class Ctx:
             if key in self.current:
                 out.append(torch.tensor(self.current[key], dtype=torch.float32))
             else:
-                out.append(torch.nan_to_num(s.rollout_logprobs, nan=-2.0) + self.shift.get(s.meta.get("pid"), 0.0))
+                shift = self.shift.get(s.meta.get("pid"), 0.0)
+                out.append(torch.nan_to_num(s.rollout_logprobs, nan=-2.0) + shift)
         return out
 
     def scanned(self):
@@ -74,7 +78,8 @@ def close(a, b, tol=1e-6):
     return math.isclose(a, b, rel_tol=0, abs_tol=tol)
 
 
-FAKE = ["rollout.generator.name=fake", "rollout.generator.completions=['<answer>0</answer>', '<answer>1</answer>']"]
+FAKE = ["rollout.generator.name=fake",
+        "rollout.generator.completions=['<answer>0</answer>', '<answer>1</answer>']"]
 TINY = ["model.warm_start=false", "task.modulus=2", "task.test_size=4", "rollout.prompts_per_step=3",
         "rollout.group_size=4", "rollout.max_completion_tokens=12", "trainer.threads=1", "seed=3"]
 

@@ -11,7 +11,14 @@ from torch.testing import assert_close
 from groupwise.config import load
 from groupwise.drivers.trainer import rl_step
 from groupwise.registry import ConfigError
-from groupwise.replay.hdr import HDR, HDRConfig, group_drift, group_headroom, reference_headroom, token_headroom
+from groupwise.replay.hdr import (
+    HDR,
+    HDRConfig,
+    group_drift,
+    group_headroom,
+    reference_headroom,
+    token_headroom,
+)
 
 L = math.log
 
@@ -73,7 +80,8 @@ def test_degenerate_groups():
     h_ref = buf.store.entries[0].headroom
     assert close(h_ref, ((1 - math.exp(-0.3)) + math.exp(-1.2)) / 2)
     assert len(buf.sample(1, Ctx())) == 1  # D = 0 <= τ = 0: admitted even by the tightest gate
-    assert buf.metrics()["replay/drift_scanned"] == 0.0 and close(buf.metrics()["replay/headroom_replayed"], h_ref)
+    m = buf.metrics()
+    assert m["replay/drift_scanned"] == 0.0 and close(m["replay/headroom_replayed"], h_ref)
 
 
 logprob = st.floats(min_value=-12.0, max_value=0.0, allow_nan=False)
@@ -106,14 +114,16 @@ def test_rank_by_cached_headroom_and_admit_by_drift():
     assert m["replay/scanned"] == 3 and m["replay/accept_rate"] == pytest.approx(2 / 3)
     assert m["replay/accept_rate_age1"] == pytest.approx(2 / 3) and "replay/accept_rate_age2" not in m
     top = next(e for e in buf.store.entries if e.group.problem.id == "top")
-    assert close(top.headroom, ((1 - math.exp(-3.5)) + math.exp(-0.51)) / 2)  # the rejected group's cache moved
+    # the rejected group's cache moved to its headroom under the current policy
+    assert close(top.headroom, ((1 - math.exp(-3.5)) + math.exp(-0.51)) / 2)
 
 
 def test_equal_headroom_and_no_gate_replays_the_most_recent_groups():
     # property 5: with ties everywhere and τ = ∞ the order is the store's, newest first (= fifo's choice)
     from groupwise.replay.basic import SimpleReplay, StoreConfig
 
-    hdr, fifo = HDR(HDRConfig(replay_groups=3, tau=math.inf)), SimpleReplay(StoreConfig(replay_groups=3), "fifo")
+    hdr = HDR(HDRConfig(replay_groups=3, tau=math.inf))
+    fifo = SimpleReplay(StoreConfig(replay_groups=3), "fifo")
     for step in range(3):
         batch = [mixed_group(f"s{step}g{i}", step=step) for i in range(2)]
         hdr.add(batch, step)
@@ -157,7 +167,8 @@ def test_replayed_copies_and_ratio_reference():
     assert_close(a.samples[0].old_logprobs, torch.full((2,), -0.25), rtol=0, atol=1e-7)  # current policy
     assert_close(b.samples[0].old_logprobs, torch.full((2,), -0.2), rtol=0, atol=1e-7)  # stored π_gen
     assert a.replayed and b.replayed and [s.advantage for s in b.samples] == [1.0, -1.0]
-    assert not gen.store.entries[0].group.replayed and gen.store.entries[0].group.samples[0].old_logprobs is None
+    stored = gen.store.entries[0].group
+    assert not stored.replayed and stored.samples[0].old_logprobs is None
 
 
 def test_ingress_admits_mixed_groups_only():
@@ -168,7 +179,8 @@ def test_ingress_admits_mixed_groups_only():
     assert buf.metrics()["replay/ingress_frac"] == 0.5 and close(buf.metrics()["replay/headroom_fresh"], 0.25)
     # mixed_correct: rewards differ (a length term) but every answer is wrong -> not admitted
     by_answer = HDR(HDRConfig(replay_groups=1, ingress="mixed_correct"))
-    shaped = group([sample([-1.0], 1.0, reward=0.3, correct=False), sample([-1.0], -1.0, reward=0.1, correct=False)])
+    shaped = group([sample([-1.0], 1.0, reward=0.3, correct=False),
+                    sample([-1.0], -1.0, reward=0.1, correct=False)])
     by_answer.add([shaped], step=0)
     assert by_answer.store.entries == []
 
@@ -189,6 +201,7 @@ def test_checkpoint_round_trip():
     buf = HDR(HDRConfig(replay_groups=2, tau=0.1, capacity=3))
     for step in range(4):
         buf.add([pinned_group(step) if step == 1 else mixed_group(f"s{step}", pos=-step - 0.1)], step)
+    assert [e.step for e in buf.store.entries] == [1, 2, 3]  # property 8: C = 3, the oldest evicted first
     buf.sample(4, Ctx(shift={"s3": -1.0}))  # refresh some cached headroom first
     blob = io.BytesIO()
     torch.save(buf.state_dict(), blob)
@@ -205,7 +218,7 @@ def test_checkpoint_round_trip():
             assert torch.equal(sa.old_logprobs, sb.old_logprobs) and torch.equal(sa.loss_mask, sb.loss_mask)
 
 
-# ------------------------------------------------------------------ in the engine (tiny model, fake generator)
+# ------------------------------------------------------------ in the engine (tiny model, fake generator)
 def params(c):
     return [p.detach().clone() for p in c.policy.parameters()]
 
@@ -249,8 +262,10 @@ def test_fresh_stream_is_untouched_and_replay_only_appends():
     fresh, mixed = seen_plain[1], seen_hdr[1]
     assert len(mixed) == len(fresh) + 2 * 4 and m["update/replay_rows"] == 8.0
     for a, b in zip(fresh, mixed):
-        assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.rollout_logprobs, b.rollout_logprobs)
+        assert torch.equal(a.completion_ids, b.completion_ids)
+        assert torch.equal(a.rollout_logprobs, b.rollout_logprobs)
         assert a.advantage == b.advantage and a.old_logprobs is None and b.old_logprobs is None
     assert all(s.old_logprobs is not None for s in mixed[len(fresh):])
-    assert generated == [2] and gen_calls == [0, 0] and calls == [8]  # one pass over the 2 scanned groups x 4 samples, no generation
+    # fresh generation once per step, none inside the buffer; one pass over 2 scanned groups x 4 samples
+    assert generated == [2] and gen_calls == [0, 0] and calls == [8]
     assert m["replay/scanned"] == 2 and 0 < m["replay/token_share"] < 1 and m["replay/groups"] == 2

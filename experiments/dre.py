@@ -1,0 +1,154 @@
+"""DRE, Dynamic Rollout Editing (arXiv:2606.17890): the spec's acceptance experiment (specs-09-16.md §9) on the lab.
+
+Claim under test: editing post-answer thinking out of successful rollouts (and training on the edit in its
+place) stops GRPO from reinforcing overthinking: the post-answer tail of correct answers shrinks (spec: >= 50%
+below GRPO's by the end) and total length falls, at accuracy within ±2 points, with the reasoning before the
+answer (pre-emergence tokens) unchanged. The brief's framing: the papers report 30-76% fewer tokens at roughly
+equal accuracy.
+
+Setting: recipes/dre_lab.yaml: lab with ``p_wrap_slip: 0.6`` (headroom), ``max_checks: 6`` redundant
+``chk <last step>;`` re-checks after the commitment ``so X.`` and ``check_correct_bonus: 1`` (a trace that
+ends correct may carry one more: successful rollouts overthink a bit more), 112 completion tokens.
+
+  grpo  plain GRPO; the dre transform runs with ``p_edit: 0`` so it only logs the tail diagnostics (it edits
+        nothing and draws only from its own random stream, so training is exactly plain GRPO)
+  dre   GRPO + DRE (replace mode, tau_abs 4, tau_rel 0.1, at most G/2 edits per group)
+
+Held-out eval (128 problems, mean@4 at T=1, greedy) every 25 steps. From the eval records: post-answer tail =
+tokens between the first ``so X.`` whose X is the (correct) final answer and ``</think>``, of correct sampled
+answers; pre-emergence = tokens from ``<think>`` to that commitment.
+
+Budget: 2 arms x seeds x 100 steps, run one at a time with one torch thread (--jobs 1).
+
+Usage: PYTHONPATH=src python experiments/dre.py --jobs 1 [--seeds 0 1 2] [--report-only]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+from groupwise.models.tiny import build_tokenizer  # noqa: E402
+from groupwise.rollout.dre import DREConfig, find_span  # noqa: E402
+
+RECIPE = "recipes/dre_lab.yaml"
+STEPS, EVAL_EVERY = 100, 25
+COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]", f"eval.every={EVAL_EVERY}", f"trainer.steps={STEPS}"]
+ARMS = {
+    "grpo": [*COMMON, "rollout.transforms=[{name: dre, tau_abs: 4, p_edit: 0}]"],
+    "dre": COMMON,
+}
+TOK = build_tokenizer()
+
+
+def records(run: Path, step: int) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "eval" / f"step_{step}.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in rows if not r["greedy"]]
+
+
+def eval_steps(run: Path) -> list[int]:
+    return sorted(int(p.stem.split("_")[1]) for p in (run / "eval").glob("step_*.jsonl"))
+
+
+def ntok(text: str) -> int:
+    return len(TOK.encode(text, add_special_tokens=False))
+
+
+def tails(recs: list[dict]) -> dict[str, float]:
+    """Post-answer tail and pre-emergence tokens of correct answers (the answer is the record's own)."""
+    tail, pre = [], []
+    for r in recs:
+        if not r["correct"]:
+            continue
+        span = find_span(r["text"], lambda x, a=r["answer"]: x == a, DREConfig())
+        if span is None or span.answer_end is None:
+            continue
+        tail.append(ntok(r["text"][span.answer_end:span.think_end]))
+        pre.append(ntok(r["text"][span.think_start:span.answer_end]))
+    return {"tail": statistics.fmean(tail) if tail else 0.0, "pre": statistics.fmean(pre) if pre else 0.0,
+            "tail>0": statistics.fmean(t > 0 for t in tail) if tail else 0.0}
+
+
+def per_run(run: Path, step: int | None = None) -> dict[str, float]:
+    step = eval_steps(run)[-1] if step is None else step
+    recs = records(run, step)
+    correct = [r["length"] for r in recs if r["correct"]]
+    rows = [r for r in harness.metrics(run) if "perf/step_s" in r]
+    t = tails(recs)
+    return {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs),
+            "length correct": statistics.fmean(correct) if correct else 0.0, "tail correct": t["tail"],
+            "pre-answer": t["pre"], "share with tail": t["tail>0"],
+            "greedy": harness.summary(run)["after"]["eval/greedy_acc"] if step == eval_steps(run)[-1] else float("nan"),
+            "edited frac": statistics.fmean(r.get("rollout/dre_edited_frac", 0.0) for r in rows),
+            "train tail c (first 10)": statistics.fmean(r["rollout/dre_tail_correct"] for r in rows[:10]),
+            "train tail c (last 10)": statistics.fmean(r["rollout/dre_tail_correct"] for r in rows[-10:]),
+            "train tail i (first 10)": statistics.fmean(r["rollout/dre_tail_incorrect"] for r in rows[:10]
+                                                        if "rollout/dre_tail_incorrect" in r),
+            "gen tokens": rows[-1]["perf/gen_tokens_total"]}
+
+
+def tail_curve(runs: dict[str, list[Path]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for arm, dirs in runs.items():
+        steps = eval_steps(dirs[0])
+        axes[0].plot(steps, [statistics.fmean(tails(records(d, s))["tail"] for d in dirs) for s in steps], marker="o",
+                     label=arm)
+        xs, ys = harness.curves({arm: dirs}, "rollout/dre_tail_correct")[arm]
+        axes[1].plot(xs, [statistics.fmean(ys[max(0, i - 9):i + 1]) for i in range(len(ys))], label=f"{arm} correct")
+        xs, ys = harness.curves({arm: dirs}, "rollout/dre_tail_incorrect")[arm]
+        axes[1].plot(xs, [statistics.fmean(ys[max(0, i - 9):i + 1]) for i in range(len(ys))], ls="--",
+                     label=f"{arm} incorrect")
+    axes[0].set_title("held-out: post-answer tail tokens of correct answers", fontsize=9)
+    axes[1].set_title("training rollouts (before editing): tail after first 'so X.'", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "tails.png", dpi=110)
+    plt.close(fig)
+    return out / "tails.png"
+
+
+def main() -> None:
+    args = harness.cli_args(__doc__.splitlines()[0])
+    runs = harness.run_arms("dre", RECIPE, ARMS, args)
+    out = Path(args.out) if args.out else harness.OUT / "dre"
+    finals = {arm: [per_run(r) for r in dirs] for arm, dirs in runs.items()}
+    cols = ["mean@4", "greedy", "length", "length correct", "tail correct", "pre-answer", "share with tail"]
+    train_cols = ["edited frac", "train tail c (first 10)", "train tail c (last 10)", "train tail i (first 10)",
+                  "gen tokens"]
+    rows = {arm: {c: harness.agg([f[c] for f in fs]) for c in cols + train_cols} for arm, fs in finals.items()}
+    start = [per_run(r, 0) for r in runs["grpo"]]
+    base = {c: harness.agg([s[c] for s in start]) for c in ("mean@4", "length", "tail correct", "pre-answer")}
+    g, d = rows["grpo"], rows["dre"]
+    lines = [f"# DRE on the lab: {len(args.seeds)} seeds x {args.steps or STEPS} steps\n",
+             "Final held-out eval (128 problems, 4 samples at T=1; tail/pre-answer over correct sampled answers); "
+             "mean ± std [min, max] over seeds.\n", harness.table(rows, cols, 3),
+             "\nTraining (rollouts as generated, before editing; `gen tokens` = tokens in the step's groups, edits "
+             "counted at their edited length):\n", harness.table(rows, train_cols, 3),
+             f"\nWarm start (step 0): mean@4 {harness.fmt(base['mean@4'])}, length {harness.fmt(base['length'], 1)}, "
+             f"tail {harness.fmt(base['tail correct'], 1)}, pre-answer {harness.fmt(base['pre-answer'], 1)}.\n",
+             f"- DRE vs GRPO: tail of correct answers {100 * (d['tail correct']['mean'] / max(g['tail correct']['mean'], 1e-9) - 1):+.1f}%, "
+             f"length {100 * (d['length']['mean'] / g['length']['mean'] - 1):+.1f}%, "
+             f"mean@4 {100 * (d['mean@4']['mean'] - g['mean@4']['mean']):+.1f} points, "
+             f"pre-answer tokens {d['pre-answer']['mean'] - g['pre-answer']['mean']:+.1f}"]
+    pngs = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/len_mean", "eval/len_correct_mean"], out / "curves.png"),
+            tail_curve(runs, out)]
+    lines.append("\nPlots: " + ", ".join(p.name for p in pngs))
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from groupwise.cli import main
+
+
+def test_config_errors_are_one_line_and_exit_2(capsys):
+    assert main(["config", "recipes/grpo_lab.yaml", "trainer.stepz=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "trainer.stepz" in err and "allowed:" in err
+    assert main(["config", "recipes/grpo_lab.yaml", "advantage.name=grpp"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'grpo'" in err and "dr_grpo" in err and "rloo" in err
+
+
+def test_config_prints_resolved_yaml(capsys):
+    assert main(["config", "recipes/grpo_lab.yaml", "trainer.steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert "steps: 3" in out and "name: ppo_clip" in out
+
+
+def test_list_shows_every_kind(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for kind in ("advantage", "loss", "generator", "replay buffer", "selector", "credit", "teacher"):
+        assert kind in out
+
+
+def test_missing_recipe_is_an_error(capsys):
+    assert main(["train", "recipes/nope.yaml"]) == 2
+    assert "recipe not found" in capsys.readouterr().err
+
+
+def test_entry_point_runs_as_module():
+    src = str(Path(__file__).parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-m", "groupwise.cli", "list", "advantage"], capture_output=True, text=True,
+                         env=env)
+    assert out.returncode == 0 and "grpo" in out.stdout
+
+
+def test_compare_and_plot(tmp_path, capsys):
+    for name, acc in (("a", 0.5), ("b", 0.7)):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"step": 0, "eval/mean_at_k": 0.3, "eval/len_mean": 30.0}]
+        rows += [{"step": s, "perf/step_s": 1.0, "reward/mean": acc, "reward/correct_frac": acc,
+                  "rollout/completion_len_mean": 20.0 + s, "perf/gen_tokens_total": 100.0 * s} for s in range(1, 6)]
+        rows += [{"step": 5, "eval/mean_at_k": acc, "eval/len_mean": 25.0}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "--tail", "2"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[1]["eval/mean_at_k"] == 0.7 and rows[1]["eval/mean_at_k (start)"] == 0.3
+    assert rows[0]["rollout/completion_len_mean"] == 24.5 and rows[0]["perf/gen_tokens_total"] == 500.0
+    png = tmp_path / "c.png"
+    assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(png), "--x", "perf/gen_tokens_total"]) == 0
+    assert png.stat().st_size > 1000
