@@ -10,8 +10,9 @@ steps 0..N-1, rendered with the tokenizer's chat template), with the same G, pro
 learning rate, AdamW, grad clip 1, fp32, temperature 1, no KL, one update per batch and token-mean loss over
 the step (TRL ``loss_type="dapo"`` = groupwise ``loss.reduction=token_mean``). Each side runs in its own
 subprocess (so peak RSS is per side), the sides alternate TRL, groupwise, groupwise, TRL, ... (``--repeats``
-pairs), and both are timed the same way: wall time around one optimizer step (TRL: a ``TrainerCallback``
-from ``on_step_begin`` to ``on_step_end``; groupwise: around ``rl_step``). Medians are over steps 2..N.
+pairs), and both are timed the same way: wall and process CPU time around one optimizer step (TRL: a
+``TrainerCallback`` from ``on_step_begin`` to ``on_step_end``; groupwise: around ``rl_step``). Medians are
+over steps 2..N; CPU time is the steadier number on a shared machine.
 
 Regimes (see docs/benchmarks.md):
   default       random-init model whose EOS id lies outside the model's vocabulary, so no completion can
@@ -23,9 +24,9 @@ Regimes (see docs/benchmarks.md):
                 completions stop at EOS. The reward is the lab's correctness verifier; groupwise skips rows
                 of zero-variance groups (TRL trains them with zero advantage), reported as "rows trained".
 
-Model FLOPs per step = 2·N·Σ(P+T) (generation forwards) + 6·N·Σ(P+T) (training forward + backward), with N the
-parameter count (tied embeddings counted once), P and T each completion's prompt and completion tokens; the
-attention score FLOPs are ignored (< 3% here). "% peak" divides FLOP/s by the best fp32 ``torch.mm`` rate
+Model FLOPs per step = 2·N·Σ(P+T) (generation forwards) + 6·N·Σ(P+T) (training forward + backward), with N
+the parameter count (tied embeddings counted once), P and T each completion's prompt and completion tokens;
+the attention score FLOPs are ignored (< 3% here). "% peak" divides FLOP/s by the best fp32 ``torch.mm`` rate
 measured in the same invocation with the same thread count.
 """
 
@@ -45,8 +46,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("trl", "groupwise")
-# The lab's default chains (2-4 of + and -, mod 10) with the grpo_lab recipe's removable flaw (wrapping steps off
-# by one 60% of the time); the flaw shapes the warm-start traces only, so sampled accuracy stays mixed.
+# The lab's default chains (2-4 of + and -, mod 10) with the grpo_lab recipe's removable flaw (wrapping steps
+# off by one 60% of the time); the flaw shapes the warm-start traces only, so sampled accuracy stays mixed.
 TASK = {"name": "lab", "p_wrap_slip": 0.6}
 NO_EOS = "<noeos>"
 
@@ -62,7 +63,7 @@ class Options:
     repeats: int = 2
     warm_start: bool = False
     warm_start_steps: int = 300
-    warm_start_lr: float = 3e-3  # pinned (with batch 64), so the cached warm start does not move with defaults
+    warm_start_lr: float = 3e-3  # pinned, with batch 64: the cached warm start must not move with defaults
     reward: str = "auto"
     lr: float = 1e-4
     seed: int = 0
@@ -124,8 +125,8 @@ def make_model_dir(opts: Options, dest: Path) -> dict:
                            warm_start_lr=opts.warm_start_lr, warm_start_batch=64)
         src = ensure_warm_start(opts.preset, lab, mcfg)
         shutil.copytree(src, dest, dirs_exist_ok=True)
-        regime = (f"SFT warm start ({opts.warm_start_steps} steps x 64, lr {opts.warm_start_lr:g}; cached as {src}), "
-                  "completions stop at EOS")
+        regime = (f"SFT warm start ({opts.warm_start_steps} steps x 64, lr {opts.warm_start_lr:g}; cached as "
+                  f"{src}), completions stop at EOS")
         setup = time.perf_counter() - t
     else:
         tok = tiny.build_tokenizer()
@@ -166,7 +167,8 @@ def _step_record(t: float, cpu: float, rec: dict, **extra) -> dict:
     import torch
 
     return {"step_s": t, "cpu_s": cpu, "gen_s": rec["gen_s"], "gen_cpu_s": rec["gen_cpu_s"],
-            "gen_tokens": rec["gen_tokens"], "prompt_tokens": rec["prompt_tokens"], "problem_ids": sorted(set(rec["ids"])),
+            "gen_tokens": rec["gen_tokens"], "prompt_tokens": rec["prompt_tokens"],
+            "problem_ids": sorted(set(rec["ids"])),
             "threads": torch.get_num_threads(), **extra}
 
 
@@ -195,7 +197,8 @@ def side_groupwise(spec: dict) -> dict:
                     "max_completion_tokens": spec["max_tokens"], "temperature": 1.0, "top_p": 1.0},
         "reward": {"terms": [{"name": reward}]},
         "advantage": {"name": "grpo"},
-        "loss": {"terms": [{"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}], "reduction": "token_mean"},
+        "loss": {"terms": [{"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}],
+                 "reduction": "token_mean"},
         "optim": {"lr": spec["lr"], "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
                   "schedule": "constant", "grad_clip": 1.0, "ppo_epochs": 1},
         "trainer": {"steps": spec["steps"], "threads": spec["threads"], "progress": False, "sinks": []},
@@ -230,7 +233,8 @@ def side_groupwise(spec: dict) -> dict:
         m, _ = rl_step(c, step)
         dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
         steps.append(_step_record(
-            dt, dcpu, rec, rows=m["rollout/samples"], rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
+            dt, dcpu, rec, rows=m["rollout/samples"],
+            rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
             zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
             rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"]))
     return {"steps": steps, "setup_s": setup_s}
@@ -239,7 +243,7 @@ def side_groupwise(spec: dict) -> dict:
 def side_trl(spec: dict) -> dict:
     import warnings
 
-    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5: gradient_checkpointing renamed
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5 renamed gradient_checkpointing
     import torch
 
     torch.set_num_threads(spec["threads"])
@@ -251,7 +255,8 @@ def side_trl(spec: dict) -> dict:
     flat = [p for ps in problems for p in ps]
     tok = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32,
+                                                 local_files_only=True)
     messages = [[{"role": "user", "content": p.prompt}] for p in flat]
     prompt_len = [len(tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
                                  add_special_tokens=False)) for m in messages]
@@ -357,7 +362,8 @@ def summarize_run(run: dict, params: int, peak: dict) -> dict:
     tokens = mean("prompt_tokens") + mean("gen_tokens")  # Σ(P+T) over the step's completions
     flops = 2 * params * tokens + 6 * params * tokens
     out = {"side": run["side"], "step_s": med("step_s"), "cpu_s": med("cpu_s"), "gen_s": med("gen_s"),
-           "gen_cpu_s": med("gen_cpu_s"), "gen_tokens": mean("gen_tokens"), "prompt_tokens": mean("prompt_tokens"),
+           "gen_cpu_s": med("gen_cpu_s"), "gen_tokens": mean("gen_tokens"),
+           "prompt_tokens": mean("prompt_tokens"),
            "gen_tok_per_s": statistics.median(s["gen_tokens"] / s["step_s"] for s in steps),
            "rows_trained": mean("rows_trained"), "zero_std_frac": mean("zero_std_frac"),
            "reward_mean": mean("reward_mean"), "flops_per_step": flops, "maxrss_mb": run["maxrss_mb"],
@@ -409,24 +415,25 @@ def check_identical(runs: list[dict]) -> list[str]:
 def table(result: dict) -> str:
     s, o = result["summary"], result["options"]
     pk = result["peak_flops"]
+    probes = ", ".join(f"{p / 1e9:.0f}" for p in result["peak_probes"])
     lines = [
-        f"groupwise vs TRL {result['versions']['trl']} GRPOTrainer | {o['preset']} ({result['params'] / 1e6:.2f}M "
-        f"params) | {result['regime']} | reward {result['reward']}",
+        f"groupwise vs TRL {result['versions']['trl']} GRPOTrainer | {o['preset']} "
+        f"({result['params'] / 1e6:.2f}M params) | {result['regime']} | reward {result['reward']}",
         f"work/step: {o['prompts']} prompts x G={o['group']} = {o['prompts'] * o['group']} completions, cap "
-        f"{o['max_tokens']} | fp32, {o['threads']} thread(s), lr {o['lr']} | {o['steps']} steps x {o['repeats']} "
-        f"run(s) per side, alternating; medians over steps 2..N, then over runs",
-        f"fp32 matmul peak ({o['matmul_n']}^3 torch.mm, best probe): {pk['wall'] / 1e9:.1f} GFLOP/s per wall s, "
-        f"{pk['cpu'] / 1e9:.1f} per CPU s (wall probes: {', '.join(f'{p / 1e9:.0f}' for p in result['peak_probes'])})",
+        f"{o['max_tokens']} | fp32, {o['threads']} thread(s), lr {o['lr']} | {o['steps']} steps x "
+        f"{o['repeats']} run(s) per side, alternating; medians over steps 2..N, then over runs",
+        f"fp32 matmul peak ({o['matmul_n']}^3 torch.mm, best probe): {pk['wall'] / 1e9:.1f} GFLOP/s per wall "
+        f"s, {pk['cpu'] / 1e9:.1f} per CPU s (wall probes: {probes})",
         "",
         f"{'side':<10} {'s/step':>7} {'range':>13} {'cpu s':>7} {'range':>13} {'gen s':>6} {'gen%':>5} "
         f"{'gen tok':>7} {'tok/s':>6} {'rows':>5} {'GFLOP':>6} {'%peak':>6} {'%pk cpu':>7} {'RSS MB':>6}",
     ]
     for side, a in s["sides"].items():
-        lo, hi = a["step_s_range"]
-        clo, chi = a["cpu_s_range"]
+        wall, cpu = "{:.2f}-{:.2f}".format(*a["step_s_range"]), "{:.2f}-{:.2f}".format(*a["cpu_s_range"])
         lines.append(
-            f"{side:<10} {a['step_s']:>7.2f} {f'{lo:.2f}-{hi:.2f}':>13} {a['cpu_s']:>7.2f} {f'{clo:.2f}-{chi:.2f}':>13} "
-            f"{a['gen_s']:>6.2f} {100 * a['gen_share']:>4.0f}% {a['gen_tokens']:>7.0f} {a['gen_tok_per_s']:>6.0f} "
+            f"{side:<10} {a['step_s']:>7.2f} {wall:>13} {a['cpu_s']:>7.2f} {cpu:>13} "
+            f"{a['gen_s']:>6.2f} {100 * a['gen_share']:>4.0f}% {a['gen_tokens']:>7.0f} "
+            f"{a['gen_tok_per_s']:>6.0f} "
             f"{a['rows_trained']:>5.1f} {a['flops_per_step'] / 1e9:>6.1f} {100 * a['peak_frac']:>5.1f}% "
             f"{100 * a['peak_frac_cpu']:>6.1f}% {a['maxrss_mb']:>6.0f}")
     if "ratio_step_s" in s:
@@ -440,7 +447,7 @@ def table(result: dict) -> str:
                      f"{gw['gen_s']:.2f} s), update {gw['update_s']:.2f} s; zero-variance groups "
                      f"{100 * gw['zero_std_frac']:.0f}%")
     if not result["isolated"]:
-        lines.append("note: both sides ran in one process (--in-process): RSS is that process's, not per side")
+        lines.append("note: both sides ran in one process (--in-process): RSS is that process's")
     for w in result["warnings"]:
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)
@@ -474,7 +481,9 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
             out = run_side(side, spec, workdir, f"{side}-{r}") if isolate else run_here(side, spec)
             out["repeat"] = r
             runs.append(out)
-            log(f"  median s/step {statistics.median(s['step_s'] for s in out['steps'][1:] or out['steps']):.3f}")
+            timed = out["steps"][1:] or out["steps"]
+            log(f"  median s/step {statistics.median(s['step_s'] for s in timed):.3f} wall, "
+                f"{statistics.median(s['cpu_s'] for s in timed):.3f} CPU")
         probes.append(matmul_peak(opts.matmul_n, opts.threads))
     peak = {k: max(p[k] for p in probes) for k in ("wall", "cpu")}
     result = {

@@ -16,8 +16,12 @@ Arms (same recipe, steps, lr, seeds; only the advantage / loss differ):
   grpo       advantage grpo (std-normalised), ppo_clip      (the baseline; ~q = 0.5 amplification at small P̂)
   garl_q075  advantage rloo + transform garl q = 0.75, ppo_clip   (the recipe)
   paft_q075  advantage paft q = 0.75 (K_r = M, sampled), loss paft (importance-resampled SFT)
-  rloo       advantage rloo, ppo_clip  (= GARL q = 0, "GRPO without std": separates the amplification from
-             the change of baseline/normalisation; added after the first three arms, see the docs fragment)
+The three arms first ran at the recipe's lr 3e-4 (the pre-registered setting). There every arm was unstable
+(lengths ran to the cap; GARL and PAFT collapsed to 0% success), and a diagnostic showed that at 3e-4 even
+PAFT's SFT on the policy's own correct samples wrecks this 250-step warm start within 5 steps, while at
+1e-4 it does not. So the same three arms were re-run at lr 1e-4 (suffix ``_lr1e-4``), a choice made after
+seeing the 3e-4 results and applied to every arm alike; both blocks are reported.
+GARL q = 0 (= RLOO, "GRPO without std") is left out to fit the CPU budget.
 
 Metrics: held-out mean@4 / greedy / format after training; training success rate (reward/correct_frac);
 "escape" = the 10-step moving average of the training success rate reaching 0.5 (the spec's metric), with
@@ -45,8 +49,8 @@ ARMS = {
     "grpo": ["advantage=grpo", "advantage_transforms=[]"],
     "garl_q075": [],
     "paft_q075": ["advantage={name: paft, q: 0.75}", "advantage_transforms=[]", "loss.terms=[paft]"],
-    "rloo": ["advantage=rloo", "advantage_transforms=[]"],
 }
+ARMS.update({f"{k}_lr1e-4": [*v, "optim.lr=1e-4"] for k, v in list(ARMS.items())})
 
 
 def escape_step(run: Path, key: str = "reward/correct_frac", window: int = 10) -> float:

@@ -14,6 +14,9 @@ Arms (same recipe, steps, lr, seeds):
   grpo      advantage grpo (std-normalised; the baseline the issue asks for)
   rloo      advantage rloo (= lampo β = 0: the same pairs with w = 1/2, isolating the confidence weights)
   lampo_b5  advantage lampo β = 5 (the recipe)
+At the recipe's lr 3e-4 plain GRPO itself loses accuracy on this setting (and in the GARL experiment every
+arm was unstable at 3e-4 while lr 1e-4 was not), so GRPO and LamPO are also run at lr 1e-4 (suffix
+``_lr1e-4``), decided after seeing the first GRPO runs and before any LamPO result; both blocks are reported.
 
     PYTHONPATH=src python experiments/lampo.py --jobs 1
 """
@@ -37,6 +40,7 @@ ARMS = {
     "rloo": ["advantage=rloo"],
     "lampo_b5": [],
 }
+ARMS.update({f"{k}_lr1e-4": [*v, "optim.lr=1e-4"] for k, v in ARMS.items() if k != "rloo"})
 
 
 def steps_to(run: Path, key: str, target: float) -> float:

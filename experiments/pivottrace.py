@@ -127,7 +127,11 @@ def main() -> None:
              f"steps on 128 held-out problems (k=4, T=1). Cells: mean ± std [min, max] over seeds.\n",
              f"Held-out mean@4 before RL (warm start): {before:.3f}.\n", harness.table(rows, cols),
              f"\nSteps to reach mean@4 ≥ {target:.3f} (start + 80% of the all-labels arm's gain; inf = not reached):\n"]
-    lines += [f"- {arm}: {v}\n" for arm, v in speed.items()]
+    if full_final > before:
+        lines += [f"- {arm}: {v}\n" for arm, v in speed.items()]
+    else:
+        lines.append(f"- not defined: the all-labels arm ends below its start ({full_final:.3f} < {before:.3f}), "
+                     "so there is no gain to converge to.\n")
     if calib:
         lines.append("\n## Calibration at the warm start (premise check)\n\n```\n" + json.dumps(calib, indent=1) + "\n```\n")
     lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]

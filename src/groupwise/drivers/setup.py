@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,22 @@ from groupwise.update import Learner, build_optimizer
 
 
 class CountingGenerator:
-    """Wraps a Generator and counts the completion tokens it produces (``tokens``; reset by the driver)."""
+    """Wraps a Generator and counts what it does: completion ``tokens``, ``prompt_tokens`` and ``seconds``
+    (reset by the driver each step)."""
 
     def __init__(self, inner):
-        self.inner, self.tokens = inner, 0
+        self.inner = inner
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens, self.prompt_tokens, self.seconds = 0, 0, 0.0
 
     def generate(self, requests, params, rng):
+        t0 = time.perf_counter()
         out = self.inner.generate(requests, params, rng)
+        self.seconds += time.perf_counter() - t0
         self.tokens += sum(int(c.completion_ids.numel()) for c in out)
+        self.prompt_tokens += sum(int(r.prompt_ids.numel()) for r in requests)
         return out
 
     def sync_weights(self, model) -> None:

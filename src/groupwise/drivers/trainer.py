@@ -31,7 +31,7 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], int]:
     """One RL step through every stage. Returns (metrics, generated tokens)."""
     cfg, t0 = c.cfg, time.perf_counter()
     ctx = c.context(step)
-    c.generator.tokens = 0  # every token the generator produced this step, discarded samples included
+    c.generator.reset()  # counts every token generated this step, discarded samples included
     n = cfg.rollout.prompts_per_step
 
     all_rollouts: list = []  # everything generated this step, refills included (for rollout metrics)
@@ -71,7 +71,8 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], int]:
     metrics.update(c.component_metrics())
     metrics.update({"perf/rollout_s": t_rollout, "perf/update_s": t_update,
                     "perf/step_s": time.perf_counter() - t0, "perf/gen_tokens": float(c.generator.tokens),
-                    "perf/gen_tokens_per_s": c.generator.tokens / max(t_rollout, 1e-9),
+                    "perf/generate_s": c.generator.seconds, "perf/prompt_tokens": float(c.generator.prompt_tokens),
+                    "perf/gen_tokens_per_s": c.generator.tokens / max(c.generator.seconds, 1e-9),
                     "update/replay_rows": float(sum(len(g.samples) for g in train_groups if g.replayed))})
     return metrics, c.generator.tokens
 

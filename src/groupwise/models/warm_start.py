@@ -49,6 +49,9 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None) -> Pat
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "config.json").exists():
             return final
+        if progress is not None:  # say why this run is slow once
+            print(f"building the warm start for this config ({cfg.warm_start_steps} SFT steps); it will be cached "
+                  f"in {final}", flush=True)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
         try:
             model, tokenizer = sft(preset, task, cfg, progress)
