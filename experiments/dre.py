@@ -10,15 +10,19 @@ Setting: recipes/dre_lab.yaml: lab with ``p_wrap_slip: 0.6`` (headroom), ``max_c
 ``chk <last step>;`` re-checks after the commitment ``so X.`` and ``check_correct_bonus: 1`` (a trace that
 ends correct may carry one more: successful rollouts overthink a bit more), 112 completion tokens.
 
-  grpo  plain GRPO; the dre transform runs with ``p_edit: 0`` so it only logs the tail diagnostics (it edits
-        nothing and draws only from its own random stream, so training is exactly plain GRPO)
   dre   GRPO + DRE (replace mode, tau_abs 4, tau_rel 0.1, at most G/2 edits per group)
+  grpo  plain GRPO, not rerun here: experiments/out/qlpo/grpo-s{0,1,2} (experiments/qlpo.py's baseline) has
+        the identical resolved config apart from its step count (120) and eval cadence (every 20) and no
+        transform; the schedule is constant lr without warm-up and nothing else depends on the step count,
+        so its state at step N is the state an N-step run ends in, and it is read at step N here. A seed whose
+        qlpo run has not reached step N gets its own identical run (no transform) in the output directory.
 
-Held-out eval (128 problems, mean@4 at T=1, greedy) every 25 steps. From the eval records: post-answer tail =
+Held-out eval (128 problems, mean@4 at T=1, greedy) every 20 steps. From the eval records: post-answer tail =
 tokens between the first ``so X.`` whose X is the (correct) final answer and ``</think>``, of correct sampled
-answers; pre-emergence = tokens from ``<think>`` to that commitment.
+answers; pre-emergence = tokens from ``<think>`` to that commitment. Training diagnostics (rollouts as
+generated, before editing) are logged by the dre transform, so only the dre arm has them.
 
-Budget: 2 arms x seeds x 100 steps, run one at a time with one torch thread (--jobs 1).
+Budget: 3 seeds x 40 steps of the dre arm (``--steps 100``: the longer run), run one at a time with one torch thread (--jobs 1).
 
 Usage: PYTHONPATH=src python experiments/dre.py --jobs 1 [--seeds 0 1 2] [--report-only]
 """
@@ -37,12 +41,11 @@ from groupwise.models.tiny import build_tokenizer  # noqa: E402
 from groupwise.rollout.dre import DREConfig, find_span  # noqa: E402
 
 RECIPE = "recipes/dre_lab.yaml"
-STEPS, EVAL_EVERY = 100, 25
+STEPS, EVAL_EVERY = 40, 20
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]", f"eval.every={EVAL_EVERY}", f"trainer.steps={STEPS}"]
-ARMS = {
-    "grpo": [*COMMON, "rollout.transforms=[{name: dre, tau_abs: 4, p_edit: 0}]"],
-    "dre": COMMON,
-}
+ARMS = {"dre": COMMON}
+BASELINE = harness.OUT / "qlpo"  # grpo-s<seed>: plain GRPO on the identical config, read at step N
+BUDGET = [STEPS]
 TOK = build_tokenizer()
 
 
@@ -74,22 +77,31 @@ def tails(recs: list[dict]) -> dict[str, float]:
             "tail>0": statistics.fmean(t > 0 for t in tail) if tail else 0.0}
 
 
+def eval_metric(run: Path, key: str, step: int) -> float:
+    return next(r[key] for r in harness.metrics(run) if r["step"] == step and key in r)
+
+
 def per_run(run: Path, step: int | None = None) -> dict[str, float]:
-    step = eval_steps(run)[-1] if step is None else step
+    step = BUDGET[0] if step is None else step
     recs = records(run, step)
     correct = [r["length"] for r in recs if r["correct"]]
-    rows = [r for r in harness.metrics(run) if "perf/step_s" in r]
+    rows = [r for r in harness.metrics(run) if "perf/step_s" in r and r["step"] <= BUDGET[0]]
     t = tails(recs)
-    return {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs),
+    out = {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs),
             "length correct": statistics.fmean(correct) if correct else 0.0, "tail correct": t["tail"],
             "pre-answer": t["pre"], "share with tail": t["tail>0"],
-            "greedy": harness.summary(run)["after"]["eval/greedy_acc"] if step == eval_steps(run)[-1] else float("nan"),
+            "greedy": eval_metric(run, "eval/greedy_acc", step),
             "edited frac": statistics.fmean(r.get("rollout/dre_edited_frac", 0.0) for r in rows),
+            "gen tokens": rows[-1]["perf/gen_tokens_total"]}
+    if "rollout/dre_tail_correct" in rows[0]:  # logged by the dre transform (the dre arm only)
+        out.update({
             "train tail c (first 10)": statistics.fmean(r["rollout/dre_tail_correct"] for r in rows[:10]),
             "train tail c (last 10)": statistics.fmean(r["rollout/dre_tail_correct"] for r in rows[-10:]),
             "train tail i (first 10)": statistics.fmean(r["rollout/dre_tail_incorrect"] for r in rows[:10]
                                                         if "rollout/dre_tail_incorrect" in r),
-            "gen tokens": rows[-1]["perf/gen_tokens_total"]}
+            "train tail i (last 10)": statistics.fmean(r["rollout/dre_tail_incorrect"] for r in rows[-10:]
+                                                       if "rollout/dre_tail_incorrect" in r)})
+    return out
 
 
 def tail_curve(runs: dict[str, list[Path]], out: Path) -> Path:
@@ -100,9 +112,11 @@ def tail_curve(runs: dict[str, list[Path]], out: Path) -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for arm, dirs in runs.items():
-        steps = eval_steps(dirs[0])
+        steps = [s for s in eval_steps(dirs[0]) if s <= BUDGET[0]]
         axes[0].plot(steps, [statistics.fmean(tails(records(d, s))["tail"] for d in dirs) for s in steps], marker="o",
                      label=arm)
+        if not any("rollout/dre_tail_correct" in r for r in harness.metrics(dirs[0])):
+            continue
         xs, ys = harness.curves({arm: dirs}, "rollout/dre_tail_correct")[arm]
         axes[1].plot(xs, [statistics.fmean(ys[max(0, i - 9):i + 1]) for i in range(len(ys))], label=f"{arm} correct")
         xs, ys = harness.curves({arm: dirs}, "rollout/dre_tail_incorrect")[arm]
@@ -122,17 +136,31 @@ def tail_curve(runs: dict[str, list[Path]], out: Path) -> Path:
 
 def main() -> None:
     args = harness.cli_args(__doc__.splitlines()[0])
+    BUDGET[0] = args.steps or STEPS
     runs = harness.run_arms("dre", RECIPE, ARMS, args)
     out = Path(args.out) if args.out else harness.OUT / "dre"
+    baseline = []
+    for s in args.seeds:  # the qlpo baseline run, or where it has not reached step N, our own identical run
+        run = BASELINE / f"grpo-s{s}"
+        if not (run / "eval" / f"step_{BUDGET[0]}.jsonl").exists():
+            run = out / f"grpo-s{s}"
+            if not args.report_only:
+                harness.run_one(RECIPE, [*COMMON, "rollout.transforms=[]", f"seed={s}", f"trainer.steps={BUDGET[0]}"],
+                                out, run.name, out / "logs" / f"{run.name}.log")
+        baseline.append(run)
+    runs = {"grpo": baseline, **runs}
+    print("grpo baseline runs: " + ", ".join(str(r) for r in baseline), flush=True)
     finals = {arm: [per_run(r) for r in dirs] for arm, dirs in runs.items()}
     cols = ["mean@4", "greedy", "length", "length correct", "tail correct", "pre-answer", "share with tail"]
     train_cols = ["edited frac", "train tail c (first 10)", "train tail c (last 10)", "train tail i (first 10)",
-                  "gen tokens"]
-    rows = {arm: {c: harness.agg([f[c] for f in fs]) for c in cols + train_cols} for arm, fs in finals.items()}
+                  "train tail i (last 10)", "gen tokens"]
+    rows = {arm: {c: harness.agg([f[c] for f in fs]) for c in cols + train_cols if c in fs[0]}
+            for arm, fs in finals.items()}
     start = [per_run(r, 0) for r in runs["grpo"]]
     base = {c: harness.agg([s[c] for s in start]) for c in ("mean@4", "length", "tail correct", "pre-answer")}
     g, d = rows["grpo"], rows["dre"]
     lines = [f"# DRE on the lab: {len(args.seeds)} seeds x {args.steps or STEPS} steps\n",
+             "grpo runs: " + ", ".join(str(r.relative_to(harness.ROOT)) for r in baseline) + "\n",
              "Final held-out eval (128 problems, 4 samples at T=1; tail/pre-answer over correct sampled answers); "
              "mean ± std [min, max] over seeds.\n", harness.table(rows, cols, 3),
              "\nTraining (rollouts as generated, before editing; `gen tokens` = tokens in the step's groups, edits "

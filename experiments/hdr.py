@@ -26,16 +26,28 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      over steps 16-30.
   2. main: 5 arms x seeds (default 0 1 2), 50 steps, held-out eval (128 problems, mean@4 at T=1 and greedy)
      every 10 steps; accuracy against ``perf/gen_tokens_total`` and ``perf/wall_s_total``.
-  3. latency: the five arms, seed 0, 8 steps, ``task.env_latency_s = 0.02`` (a 20 ms tool call per verified
-     rollout), no eval; the model is loaded from the same warm-start directory (the latency knob is part of
-     the task config and would otherwise key a second warm start). Used to check the additive model
+  3. latency: grpo16, grpo24 and hdr, seed 0, 6 steps, ``task.env_latency_s = 0.05`` (a 50 ms tool call per
+     verified rollout, i.e. 6.4 s per 16-prompt step, about as long as the step's compute), no eval; the model
+     is loaded from the same warm-start directory (the latency knob is part of the task config and would
+     otherwise key a second warm start). Same seed => the same first 6 steps as the phase-2 seed-0 runs, so
+     the per-step extra time measured here validates the additive model
      wall_with_latency = wall_without + latency x verified rollouts, which then maps the phase-2 curves onto a
-     with-latency wall-clock axis (the sleep does not change what is learned).
+     with-latency wall-clock axis (DERIVED numbers, labelled so; the sleep does not change what is learned).
 
-Budget: 15 x 50 + 3-4 x 30 + 5 x 8 = 910-940 RL steps plus 15 x 6 held-out evals, one run at a time with one
-torch thread (--jobs 1): ~50 min of one core on a quiet machine (~25 min of 2-core time).
+  4. extend (added after the 30-step results, in which no 16-prompt arm had yet spent 75% of grpo24's tokens):
+     the grpo16 and hdr runs of every seed are resumed from their final checkpoints (buffer state included) to
+     35 steps, about 0.75 x grpo24's generated tokens, with a held-out eval at step 35 (copies in ext35/): does
+     HDR reach grpo24's final mean@4 with >= 25% fewer generated tokens (the compass goal), and does plain GRPO?
+
+The step-0 held-out eval is run once per seed (arm grpo16): every arm of a seed starts from the same warm
+start and the eval sampler is seeded by the run seed only, so the other arms' step-0 evals would be identical.
+
+Budget: 15 x 30 RL steps (phase 2) + 3 x 30 (phase 1, already run) + 3 x 6 (phase 3) plus 3 + 15 x 3 held-out
+evals, one torch thread per run: about 60 single-thread-lane minutes.
 
 Usage: PYTHONPATH=src python experiments/hdr.py --jobs 1 [--seeds 0 1 2] [--report-only]
+       [--phase all|main|latency|extend|report] [--arms grpo16 ..]   (phase/arms: split the runs over lanes;
+       in lane mode each run is claimed under claims/ first: delete a crashed run's claim before rerunning it)
 """
 
 from __future__ import annotations
@@ -50,10 +62,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 RECIPE = "recipes/hdr_lab.yaml"
-STEPS, EVAL_EVERY = 50, 10
+STEPS, EVAL_EVERY = 30, 10
 SWEEP_SEED, SWEEP_STEPS, TAUS, EXTRA_TAU = 100, 30, (1e-3, 1e-2, 1e-1), 1.0
-LATENCY_S, LATENCY_STEPS = 0.02, 8
+LATENCY_S, LATENCY_STEPS, LATENCY_ARMS = 0.05, 6, ("grpo16", "grpo24", "hdr")
+LAT_MS = round(LATENCY_S * 1000)
+EXT_STEPS, EXT_ARMS = 35, ("grpo16", "hdr")
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
+BASE_ARM = "grpo16"  # the only arm that evaluates at step 0; the others share its (identical) step-0 eval
+
+
+def extra_flags() -> tuple[str, list[str]]:
+    """``--phase {all,main,latency,report}`` and ``--arms A B ..`` (main-phase filter), removed from argv so
+    that harness.cli_args parses the rest; they let two single-thread lanes split the runs."""
+    phase, only = "all", []
+    if "--phase" in sys.argv:
+        i = sys.argv.index("--phase")
+        phase = sys.argv[i + 1]
+        del sys.argv[i:i + 2]
+    if "--arms" in sys.argv:
+        i = sys.argv.index("--arms")
+        j = i + 1
+        while j < len(sys.argv) and not sys.argv[j].startswith("--"):
+            j += 1
+        only = sys.argv[i + 1:j]
+        del sys.argv[i:j]
+    if phase not in ("all", "main", "latency", "extend", "report"):
+        raise SystemExit(f"--phase {phase}: allowed all, main, latency, extend, report")
+    return phase, only
 
 
 def replay(name: str, **knobs) -> str:
@@ -65,6 +100,30 @@ def arms(tau: float) -> dict[str, list[str]]:
     return {"grpo16": ["replay=none"], "grpo24": ["replay=none", "rollout.prompts_per_step=24"],
             "fifo": [replay("fifo")],
             "random": [replay("random")], "hdr": [replay("hdr", tau=tau)]}
+
+
+def main_arms(tau: float) -> dict[str, list[str]]:
+    return {a: [*COMMON, f"eval.every={EVAL_EVERY}", f"trainer.steps={STEPS}", *ov,
+                *([] if a == BASE_ARM else ["eval.before=false"])] for a, ov in arms(tau).items()}
+
+
+def run_claimed(arms_: dict[str, list[str]], args: argparse.Namespace) -> None:
+    """Run arm x seed jobs seed-major; each run is claimed first (an atomic mkdir under ``claims/``) so that
+    several single-thread lanes can work through the same list without running a job twice."""
+    out_dir = Path(args.out) if args.out else harness.OUT / "hdr"
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (out_dir / "claims").mkdir(exist_ok=True)
+    for s in args.seeds:
+        for arm, overrides in arms_.items():
+            name = f"{arm}-s{s}"
+            if (out_dir / name / "summary.json").exists():
+                continue
+            try:
+                (out_dir / "claims" / name).mkdir()
+            except FileExistsError:
+                continue
+            print(f"hdr: {name}", flush=True)
+            harness.run_one(RECIPE, [*overrides, f"seed={s}"], out_dir, name, out_dir / "logs" / f"{name}.log")
 
 
 def sub_args(args: argparse.Namespace, seeds: list[int]) -> argparse.Namespace:
@@ -121,7 +180,7 @@ def acceptance(r: list[dict]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------ phase 3
-def latency(args: argparse.Namespace, tau: float) -> dict[str, list[Path]]:
+def latency(args: argparse.Namespace, tau: float, claim: bool = False) -> dict[str, list[Path]]:
     from groupwise.config import load
     from groupwise.models.warm_start import ensure_warm_start
 
@@ -131,8 +190,11 @@ def latency(args: argparse.Namespace, tau: float) -> dict[str, list[Path]]:
     steps = min(args.steps or LATENCY_STEPS, LATENCY_STEPS)
     extra = [*COMMON, f"model.path={model_dir}", f"task.env_latency_s={LATENCY_S}", f"trainer.steps={steps}",
              "eval.before=false", "eval.after=false"]
-    lat_arms = {f"latency_{a}": [*extra, *ov] for a, ov in arms(tau).items()}
-    return harness.run_arms("hdr", RECIPE, lat_arms, sub_args(args, [0]))
+    lat_arms = {f"latency_{a}": [*extra, *ov] for a, ov in arms(tau).items() if a in LATENCY_ARMS}
+    if claim:
+        run_claimed(lat_arms, sub_args(args, [0]))
+    return harness.run_arms("hdr", RECIPE, lat_arms, argparse.Namespace(**{**vars(sub_args(args, [0])),
+                                                                             "report_only": True}))
 
 
 def with_latency_x(run: Path) -> dict[int, float]:
@@ -144,11 +206,74 @@ def with_latency_x(run: Path) -> dict[int, float]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ phase 4
+def extend(runs: dict[str, list[Path]], args: argparse.Namespace, out_dir: Path) -> str:
+    """Resume grpo16 and hdr to EXT_STEPS (copies under ext35/) and ask the compass question (docstring)."""
+    import os
+    import shutil
+    import subprocess
+
+    ext = out_dir / f"ext{EXT_STEPS}"
+    (ext / "logs").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(harness.ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for arm in EXT_ARMS:
+        for d in runs[arm]:
+            dst = ext / d.name
+            if args.report_only or ((dst / "summary.json").exists() and rows(dst)[-1]["step"] >= EXT_STEPS):
+                continue
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(d, dst)
+            with (ext / "logs" / f"{d.name}.log").open("w") as f:
+                subprocess.run([sys.executable, "-m", "groupwise.cli", "train", str(dst / "resolved_config.yaml"),
+                                f"trainer.steps={EXT_STEPS}", f"out_dir={ext}", f"name={d.name}", "trainer.threads=1",
+                                "trainer.progress=false", "--resume"], stdout=f, stderr=subprocess.STDOUT, env=env,
+                               cwd=harness.ROOT, check=True)
+    key, big = "eval/mean_at_k", runs["grpo24"]
+    target = statistics.fmean(harness.final_eval(d, key) for d in big)
+    big_tokens = statistics.fmean(rows(d)[-1]["perf/gen_tokens_total"] for d in big)
+    lines = [f"target (grpo24 final mean@4, {STEPS} steps) = {target:.3f}; grpo24 tokens = {big_tokens:.0f}; "
+             f"25% fewer = {0.75 * big_tokens:.0f}\n",
+             f"| arm ({EXT_STEPS} steps) | final mean@4 | final greedy | generated tokens (x grpo24) | "
+             "seeds reaching target | tokens to reach target (x grpo24) |", "|---|---|---|---|---|---|"]
+    for arm in EXT_ARMS:
+        dirs = [ext / d.name for d in runs[arm]]
+        fin = [[r for r in harness.metrics(d) if key in r][-1] for d in dirs]
+        toks = [rows(d)[-1]["perf/gen_tokens_total"] for d in dirs]
+        reach = []
+        for d, orig in zip(dirs, runs[arm]):
+            x = {0: 0.0, **{r["step"]: r["perf/gen_tokens_total"] for r in rows(d)}}
+            pts = [(x[r["step"]], r[key]) for r in harness.metrics(d) if key in r]
+            if pts[0][0] != 0.0:
+                pts.insert(0, (0.0, step0_eval(orig, key)))
+            reach.append(first_reach(pts, target))
+        got = [r for r in reach if r is not None]
+        lines.append(f"| {arm} | {harness.fmt(harness.agg([f[key] for f in fin]))} | "
+                     f"{harness.fmt(harness.agg([f['eval/greedy_acc'] for f in fin]))} | "
+                     f"{harness.fmt(harness.agg(toks), 0)} ({statistics.fmean(toks) / big_tokens:.2f}x) | "
+                     f"{len(got)}/{len(dirs)} | " + (f"{harness.fmt(harness.agg(got), 0)} "
+                                                     f"({statistics.fmean(got) / big_tokens:.2f}x)" if got else "-")
+                     + " |")
+    md = "\n".join(lines) + "\n"
+    (ext / "results.md").write_text(md)
+    return md
+
+
 # ------------------------------------------------------------------------------------------ report
+def step0_eval(run: Path, key: str) -> float:
+    """The step-0 held-out value of ``run``: its own, or that of the same seed's grpo16 run (see docstring)."""
+    s = harness.summary(run)
+    if "before" in s and key in s["before"]:
+        return s["before"][key]
+    return harness.summary(run.parent / f"{BASE_ARM}-s{run.name.rsplit('-s', 1)[1]}")["before"][key]
+
+
 def eval_curve(run: Path, key: str, x: str) -> list[tuple[float, float]]:
     """(x, eval value) at each eval step; x = step, a cumulative metric, or 'latency' (simulated wall)."""
     xs = with_latency_x(run) if x == "latency" else {0: 0.0, **{r["step"]: r.get(x, r["step"]) for r in rows(run)}}
-    return [(xs[r["step"]] if x != "step" else r["step"], r[key]) for r in harness.metrics(run) if key in r]
+    pts = [(xs[r["step"]] if x != "step" else r["step"], r[key]) for r in harness.metrics(run) if key in r]
+    if not any(r.get("step") == 0 and key in r for r in harness.metrics(run)):
+        pts.insert(0, (0.0, step0_eval(run, key)))
+    return pts
 
 
 def interp(curve: list[tuple[float, float]], at: float) -> float:
@@ -220,6 +345,10 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
     target = statistics.fmean(harness.final_eval(d, key) for d in runs["grpo24"])
     t_star = statistics.fmean(rows(d)[-1]["perf/gen_tokens_total"] for d in runs["grpo16"])
     reach_lines = []
+    big = runs["grpo24"]
+    big_tokens = statistics.fmean(rows(d)[-1]["perf/gen_tokens_total"] for d in big)
+    big_wall = statistics.fmean(rows(d)[-1]["perf/wall_s_total"] for d in big)
+    big_lat = statistics.fmean(with_latency_x(d)[rows(d)[-1]["step"]] for d in big)
     for arm, dirs in runs.items():
         a = acc[arm] = {}
         for k in (key, "eval/greedy_acc"):
@@ -229,28 +358,35 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
         c = cost[arm] = {}
         for k in ("perf/gen_tokens_total", "perf/wall_s_total"):
             c[k] = harness.agg([rows(d)[-1][k] for d in dirs])
-        c["wall_s with 20 ms/rollout (simulated)"] = harness.agg(
+        c[f"wall_s with {LAT_MS} ms/rollout (DERIVED)"] = harness.agg(
             [with_latency_x(d)[rows(d)[-1]["step"]] for d in dirs])
         c["step_s (median)"] = harness.agg([statistics.median(x["perf/step_s"] for x in rows(d)) for d in dirs])
-        reach = [first_reach(eval_curve(d, key, "perf/gen_tokens_total"), target) for d in dirs]
-        got = [r for r in reach if r is not None]
-        reach_lines.append(f"| {arm} | {len(got)}/{len(dirs)} | "
-                           + (harness.fmt(harness.agg(got), 0) if got else "not reached") + " |")
+        cells = []
+        for x, ref in (("perf/gen_tokens_total", big_tokens), ("perf/wall_s_total", big_wall),
+                       ("latency", big_lat)):
+            reach = [first_reach(eval_curve(d, key, x), target) for d in dirs]
+            got = [r for r in reach if r is not None]
+            cells.append(f"{len(got)}/{len(dirs)} | " + (f"{harness.fmt(harness.agg(got), 0)} "
+                         f"({statistics.fmean(got) / ref:.2f}x)" if got else "not reached"))
+        reach_lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     accept = [acceptance(rows(d)) for d in runs["hdr"]]
     diag_keys = ("replay/token_share", "replay/groups", "replay/age_mean", "replay/headroom_replayed",
                  "replay/headroom_ingress", "replay/headroom_fresh", "replay/drift_scanned")
     diag = {arm: {k: harness.agg([mean_key(rows(d)[5:], k) for d in runs[arm]]) for k in diag_keys
                   if all(any(k in x for x in rows(d)) for d in runs[arm])} for arm in ("fifo", "random", "hdr")}
-    lat_step = {arm[len("latency_"):]: statistics.median(x["perf/step_s"] for x in rows(d)[1:])
-                for arm, (d,) in lat.items()}
-    lat_lines = ["| arm | step_s with 20 ms/rollout (median of steps 2-end) | relative to grpo24 | "
-                 "predicted: phase-2 median step_s + 20 ms x rollouts per step |", "|---|---|---|---|"]
+    n_lat = min(len(rows(d)) for (d,) in lat.values())
+    lat_step, lat_lines = {}, [
+        f"| arm | step_s with {LAT_MS} ms/rollout (measured, mean of steps 1-{n_lat}) | same seed and steps without "
+        "latency (phase 2) | measured extra | predicted extra: latency x verified rollouts per step |",
+        "|---|---|---|---|---|"]
     for arm, (d,) in lat.items():
         arm = arm[len("latency_"):]
-        base = statistics.fmean(statistics.median(x["perf/step_s"] for x in rows(m)) for m in runs[arm])
-        per_step = statistics.fmean(x["rollout/samples"] for x in rows(d))
-        lat_lines.append(f"| {arm} | {lat_step[arm]:.2f} | {lat_step[arm] / lat_step['grpo24']:.2f} | "
-                         f"{base + LATENCY_S * per_step:.2f} |")
+        base = next(m for m in runs[arm] if m.name.endswith("-s0"))
+        with_l = statistics.fmean(x["perf/step_s"] for x in rows(d)[:n_lat])
+        without = statistics.fmean(x["perf/step_s"] for x in rows(base)[:n_lat])
+        pred = LATENCY_S * statistics.fmean(x["rollout/samples"] for x in rows(d)[:n_lat])
+        lat_step[arm] = {"with": with_l, "without": without, "predicted_extra": pred}
+        lat_lines.append(f"| {arm} | {with_l:.2f} | {without:.2f} | {with_l - without:.2f} | {pred:.2f} |")
     age_line = " / ".join(f"{b}: {harness.fmt(harness.agg([a[b] for a in accept]), 2)} "
                           f"(n={sum(a['n_' + b] for a in accept):.0f})" for b in ("age1", "age2", "age3plus"))
     seeds = [int(d.name.rsplit("-s", 1)[1]) for d in runs["hdr"]]
@@ -260,13 +396,15 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
           "\n## Held-out accuracy (mean ± std [min, max] over seeds): final, and at the 16-prompt arms' "
           "generated-token budget (interpolated)\n\n" + harness.table(acc, list(acc["grpo16"])) +
           "\n## Cost\n\n" + harness.table(cost, list(cost["grpo16"]), digits=1) +
-          f"\n## Generated tokens to reach the grpo24 final mean@4 ({target:.3f}, interpolated between evals)"
-          "\n\n| arm | seeds that reach it | tokens |\n|---|---|---|\n" + "\n".join(reach_lines) +
+          f"\n## Cost to reach the grpo24 final mean@4 ({target:.3f}, interpolated between evals)"
+          " (x: mean over the seeds that reach it, relative to grpo24's mean total)\n\n"
+          "| arm | seeds (tokens) | generated tokens | seeds (wall) | wall-clock s, no latency | seeds (lat) | "
+          f"wall-clock s with {LAT_MS} ms/rollout (DERIVED) |\n|---|---|---|---|---|---|---|\n" + "\n".join(reach_lines) +
           f"\n\n## HDR acceptance by group age at scan time (whole runs)\n\n{age_line}; overall "
           f"{harness.fmt(harness.agg([a['all'] for a in accept]), 2)}\n\n"
           "## Replay diagnostics (per-step means over steps 6-end, then over seeds)\n\n"
           + "\n".join(harness.table({arm: diag[arm]}, list(diag[arm])) for arm in diag) +
-          "\n## Latency run (seed 0, 20 ms per verified rollout, measured)\n\n" + "\n".join(lat_lines) + "\n")
+          f"\n## Latency validation run (seed 0, {LAT_MS} ms per verified rollout, measured)\n\n" + "\n".join(lat_lines) + "\n")
     (out_dir / "results.md").write_text(md)
     (out_dir / "results.json").write_text(json.dumps({"tau": tau, "accuracy": acc, "cost": cost, "diag": diag,
                                                       "accept": accept, "target": target,
@@ -275,7 +413,7 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
                                   "acc_vs_tokens"),
                                  ([key, "eval/greedy_acc"], "perf/wall_s_total", "wall-clock s (no latency)",
                                   "acc_vs_wall"),
-                                 ([key], "latency", "wall-clock s with 20 ms/rollout (simulated)",
+                                 ([key], "latency", f"wall-clock s with {LAT_MS} ms/rollout (DERIVED)",
                                   "acc_vs_wall_latency")):
         plot_xy(runs, keys, x, label, out_dir / f"{name}.png")
     harness.plot_curves(runs, ["reward/correct_frac", "replay/token_share", "replay/accept_rate",
@@ -285,14 +423,29 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
 
 
 def main() -> None:
+    phase, only = extra_flags()
     args = harness.cli_args(__doc__.splitlines()[0])
     out_dir = Path(args.out) if args.out else harness.OUT / "hdr"
     tau, sweep_md = sweep(args)
     print(sweep_md, flush=True)
-    main_arms = {a: [*COMMON, f"eval.every={EVAL_EVERY}", f"trainer.steps={STEPS}", *ov] for a, ov in arms(tau).items()}
-    runs = harness.run_arms("hdr", RECIPE, main_arms, args)
-    lat = latency(args, tau)
-    print(report(runs, lat, tau, sweep_md, out_dir))
+    todo = main_arms(tau)
+    if phase == "main":
+        run_claimed({a: ov for a, ov in todo.items() if not only or a in only}, args)
+        return
+    if phase == "latency":
+        latency(args, tau, claim=True)
+        return
+    if phase == "extend":
+        print(extend(harness.run_arms("hdr", RECIPE, todo, argparse.Namespace(**{**vars(args), "report_only": True})),
+                     args, out_dir))
+        return
+    report_args = argparse.Namespace(**{**vars(args), "report_only": phase == "report" or args.report_only})
+    runs = harness.run_arms("hdr", RECIPE, todo, report_args)
+    lat = latency(report_args, tau)
+    md = report(runs, lat, tau, sweep_md, out_dir)
+    md += f"\n## Extension to {EXT_STEPS} steps (resumed grpo16 and hdr)\n\n" + extend(runs, report_args, out_dir)
+    (out_dir / "results.md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ def main() -> None:
     calib = calibration(out_dir) if not args.report_only or (out_dir / "calibration.json").exists() else None
     arms = {k: [*COMMON, *v] + ([] if args.steps else [f"trainer.steps={STEPS}"]) for k, v in ARMS.items()}
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
+    missing = [arm for arm, dirs in runs.items() if not all((d / "summary.json").exists() for d in dirs)]
+    runs = {arm: dirs for arm, dirs in runs.items() if arm not in missing}  # --report-only on a partial set
 
     before = statistics.fmean(harness.summary(r)["before"]["eval/mean_at_k"] for r in runs["all_labels"])
     full_final = statistics.fmean(harness.final_eval(r, "eval/mean_at_k") for r in runs["all_labels"])
@@ -132,6 +134,8 @@ def main() -> None:
     else:
         lines.append(f"- not defined: the all-labels arm ends below its start ({full_final:.3f} < {before:.3f}), "
                      "so there is no gain to converge to.\n")
+    if missing:
+        lines.append(f"\nNot reported (runs not finished for every seed): {', '.join(missing)}.\n")
     if calib:
         lines.append("\n## Calibration at the warm start (premise check)\n\n```\n" + json.dumps(calib, indent=1) + "\n```\n")
     lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]

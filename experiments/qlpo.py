@@ -7,20 +7,26 @@ accuracy within 1.5 points; QLPO(alpha=1) length ~ GRPO; the re-check count fall
 
 Setting: recipes/qlpo_lab.yaml (lab with overthinking: 0..6 redundant ``chk`` re-checks after the answer,
 +1 when correct, plus wrap slips for accuracy headroom), embedded lab-tiny warm start shared by all arms,
-16 prompts per step, lr 3e-4, 112 completion tokens, held-out eval (128 problems, mean@4 at T=1 + greedy)
-every EVAL_EVERY steps.
+16 prompts per step, lr 1e-4 (constant, no warm-up), 112 completion tokens, held-out eval (128 problems,
+mean@4 at T=1 + greedy) every EVAL_EVERY steps.
 
   grpo       GRPO, G = 8 (no transform)
   qlpo       K = 16 generated, M = 8 kept, alpha = 1/3 (the paper's setting)
   qlpo_a1    K = 16 -> M = 8, alpha = 1: a ratio-preserving uniform subsample (isolates the quadrant weighting
              from over-generation); run when --with-alpha1 is given
 
-The spec's GRPO G = 16 arm is not run (budget). Generation cost: QLPO samples 2x the tokens of GRPO per step
-(``rollout/qlpo_pool_tokens``; the trainer's ``perf/gen_tokens`` counts only the kept samples).
+The spec's GRPO G = 16 arm is not run (budget). Generation cost: QLPO samples K = 16 per prompt, about 2x the
+tokens of GRPO per step; the trainer's ``perf/gen_tokens`` counts every generated completion token, discarded
+samples included (``rollout/qlpo_pool_tokens`` is the same pool count as seen by the transform).
 
-Budget: 3 seeds x 2 arms x STEPS steps (+ 3 x STEPS with --with-alpha1), one run at a time with one torch
-thread (--jobs 1). The grpo runs are identical (same resolved config) to experiments/acoer.py's accuracy-only
-arm, which reuses them.
+Budget: 3 seeds x STEPS = 80 steps per arm (``--steps N`` cuts the QLPO arms to N and reads the baseline at
+its step-N eval; N a multiple of EVAL_EVERY), one run at a time with one torch thread (--jobs 1). Comparison
+point: every arm is compared at its held-out eval of step STEPS. GRPO runs that were trained for longer (the
+first two baseline seeds ran 120 steps) are read at their step-STEPS eval: the lr schedule is constant with no
+warm-up and nothing else in the run depends on ``trainer.steps``, so the state after step 80 of a 120-step
+run is the state at the end of an 80-step run (same eval seed, same evals before it); ``check_baseline``
+verifies that the resolved configs differ in ``trainer.steps`` (and name) only. experiments/acoer.py uses
+these same grpo runs as its accuracy-only arm.
 
 Usage: PYTHONPATH=src python experiments/qlpo.py --jobs 1 [--seeds 0 1 2] [--with-alpha1] [--report-only]
 """
@@ -34,17 +40,55 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+import yaml  # noqa: E402
 
 RECIPE = "recipes/qlpo_lab.yaml"
-STEPS, EVAL_EVERY = 120, 20
+STEPS, EVAL_EVERY = 80, 20
 COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=0", "trainer.sinks=[jsonl]"]
 GRPO = ["rollout.group_size=8", "rollout.transforms=[]"]
 ARMS = {"grpo": GRPO, "qlpo": [], "qlpo_a1": ["rollout.transforms.0.alpha=1.0"]}
 QUAD = ("sc", "lc", "si", "li")
 
 
-def rows(run: Path) -> list[dict]:
-    return [r for r in harness.metrics(run) if "perf/step_s" in r]
+def rows(run: Path, upto: int | None = None) -> list[dict]:
+    """Training-step rows (up to step ``upto`` when given)."""
+    return [r for r in harness.metrics(run) if "perf/step_s" in r and (upto is None or r["step"] <= upto)]
+
+
+def eval_at(run: Path, step: int) -> dict:
+    """The held-out eval metrics logged at ``step`` (step 0: the warm start)."""
+    hit = [r for r in harness.metrics(run) if "eval/mean_at_k" in r and r["step"] == step]
+    if not hit:
+        raise ValueError(f"{run}: no held-out eval at step {step}")
+    return hit[-1]
+
+
+def comparable(resolved: dict) -> dict:
+    """A resolved config without what may differ between runs compared at one step: name, out_dir, seed, steps."""
+    out = {k: v for k, v in resolved.items() if k not in ("name", "out_dir", "seed")}
+    out["trainer"] = {k: v for k, v in out["trainer"].items() if k != "steps"}
+    return out
+
+
+def resolved(run: Path) -> dict:
+    return yaml.safe_load((run / "resolved_config.yaml").read_text())
+
+
+def check_baseline(dirs: list[Path], step: int) -> str:
+    """Fail unless the runs share one resolved config apart from name/out_dir/seed/trainer.steps, constant lr with
+    no warm-up, and each ran at least ``step`` steps; returns a one-line note for the report."""
+    ref = comparable(resolved(dirs[0]))
+    for d in dirs:
+        cfg = resolved(d)
+        if comparable(cfg) != ref:
+            raise SystemExit(f"{d}: resolved config differs from {dirs[0]} beyond name/out_dir/seed/trainer.steps")
+        if cfg["optim"]["schedule"] != "constant" or cfg["optim"]["warmup_steps"] != 0:
+            raise SystemExit(f"{d}: step-{step} comparison needs a constant lr schedule without warm-up")
+        if cfg["trainer"]["steps"] < step:
+            raise SystemExit(f"{d}: ran {cfg['trainer']['steps']} < {step} steps")
+    lens = {d.name: resolved(d)["trainer"]["steps"] for d in dirs}
+    return (f"baseline runs {lens} (trainer.steps per run) share one resolved config otherwise; all read at their "
+            f"step-{step} eval")
 
 
 def eval_records(run: Path, step: int) -> list[dict]:
@@ -57,28 +101,33 @@ def checks_per_response(run: Path, step: int) -> float:
     return statistics.fmean(r["text"].count("chk ") for r in eval_records(run, step) if not r["greedy"])
 
 
-def run_cells(dirs: list[Path]) -> dict[str, dict[str, float]]:
+def run_cells(dirs: list[Path], step: int) -> dict[str, dict[str, float]]:
+    """Per-arm aggregates at the eval of ``step`` (and training totals up to it)."""
     c: dict[str, dict[str, float]] = {}
     for k in ("eval/mean_at_k", "eval/greedy_acc", "eval/len_mean", "eval/len_correct_mean"):
-        c[k] = harness.agg([harness.final_eval(d, k) for d in dirs])
-    c["chk per response"] = harness.agg([checks_per_response(d, rows(d)[-1]["step"]) for d in dirs])
-    c["generated tokens (pool)"] = harness.agg([sum(r.get("rollout/qlpo_pool_tokens", r["perf/gen_tokens"])
-                                                    for r in rows(d)) for d in dirs])
-    c["wall_s"] = harness.agg([rows(d)[-1]["perf/wall_s_total"] for d in dirs])
+        c[k] = harness.agg([eval_at(d, step)[k] for d in dirs])
+    c["chk per response"] = harness.agg([checks_per_response(d, step) for d in dirs])
+    # perf/gen_tokens counts every generated completion token (QLPO: all K per prompt, discarded ones included)
+    c["generated tokens (M)"] = harness.agg([rows(d, step)[-1]["perf/gen_tokens_total"] / 1e6 for d in dirs])
+    c["update tokens (M)"] = harness.agg([sum(r["update/loss_tokens"] for r in rows(d, step)) / 1e6 for d in dirs])
+    # no wall-clock column: runs of one arm shared the machine with different loads, so seconds do not compare
     return c
 
 
-def quadrant_table(runs: dict[str, list[Path]]) -> str:
-    lines = ["| arm | when | SC | LC | SI | LI | mean length | correct frac |", "|---|---|---|---|---|---|---|---|"]
+def quadrant_table(runs: dict[str, list[Path]], step: int) -> str:
+    """Quadrant shares of the pool (before) and of the kept group (after), means over the first / last 10 steps."""
+    lines = ["| arm | when | steps | SC | LC | SI | LI | mean length | correct frac |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for arm, dirs in runs.items():
         if arm == "grpo":
             continue
         for when in ("before", "after"):
-            cells = []
-            for key in [f"rollout/qlpo_{q}_frac_{when}" for q in QUAD] + [f"rollout/qlpo_len_mean_{when}",
-                                                                         f"rollout/qlpo_correct_frac_{when}"]:
-                cells.append(harness.fmt(harness.agg([statistics.fmean(r[key] for r in rows(d)) for d in dirs]), 3))
-            lines.append(f"| {arm} | {when} | " + " | ".join(cells) + " |")
+            for label, cut in (("1-10", slice(0, 10)), (f"{step - 9}-{step}", slice(-10, None))):
+                cells = [harness.fmt(harness.agg([statistics.fmean(r[key] for r in rows(d, step)[cut])
+                                                  for d in dirs]), 3)
+                         for key in [*(f"rollout/qlpo_{q}_frac_{when}" for q in QUAD),
+                                     f"rollout/qlpo_len_mean_{when}", f"rollout/qlpo_correct_frac_{when}"]]
+                lines.append(f"| {arm} | {when} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -105,26 +154,29 @@ def plot_quadrants(runs: dict[str, list[Path]], out: Path) -> None:
     plt.close(fig)
 
 
-def report(runs: dict[str, list[Path]], out_dir: Path) -> str:
-    cells = {arm: run_cells(dirs) for arm, dirs in runs.items()}
+def report(runs: dict[str, list[Path]], out_dir: Path, step: int) -> str:
+    note = check_baseline(runs["grpo"], step)
+    cells = {arm: run_cells(dirs, step) for arm, dirs in runs.items()}
     start = runs["grpo"][0]
-    base = {k: harness.summary(start)["before"][k] for k in ("eval/mean_at_k", "eval/greedy_acc", "eval/len_mean")}
+    base = eval_at(start, 0)
     seeds = [int(d.name.rsplit("-s", 1)[1]) for d in runs["grpo"]]
     g, q = cells["grpo"], cells["qlpo"]
     rel = 1 - q["eval/len_mean"]["mean"] / g["eval/len_mean"]["mean"]
     d_acc = q["eval/mean_at_k"]["mean"] - g["eval/mean_at_k"]["mean"]
-    steps = rows(start)[-1]["step"]
-    md = (f"# QLPO experiment\n\nSeeds {seeds}, {steps} steps, 16 prompts/step, eval every {EVAL_EVERY} steps "
-          "(128 held-out problems, mean@4 at T=1, greedy). Command: `PYTHONPATH=src python experiments/qlpo.py "
-          f"--jobs 1{' --with-alpha1' if 'qlpo_a1' in runs else ''}`.\n\n"
+    steps_flag = f" --steps {step}" if step != STEPS else ""
+    md = (f"# QLPO experiment\n\nSeeds {seeds}, compared at step {step} (16 prompts/step, lr 1e-4 constant), eval "
+          f"every {EVAL_EVERY} steps (128 held-out problems, mean@4 at T=1, greedy). Command: `PYTHONPATH=src "
+          f"python experiments/qlpo.py --jobs 1{steps_flag}{' --with-alpha1' if 'qlpo_a1' in runs else ''}`.\n"
+          f"GRPO baseline: {note}.\n\n"
           f"Warm start (step 0): mean@4 {base['eval/mean_at_k']:.3f}, greedy {base['eval/greedy_acc']:.3f}, "
           f"length {base['eval/len_mean']:.1f} tokens, chk/response {checks_per_response(start, 0):.2f}.\n\n"
-          "## Final held-out metrics (mean ± std [min, max] over seeds)\n\n"
+          f"## Held-out metrics at step {step} (mean ± std [min, max] over seeds)\n\n"
           + harness.table(cells, list(g), digits=3) +
           f"\nQLPO(alpha=1/3) vs GRPO: mean length {100 * rel:+.1f}% shorter (spec pass: >= 20%), "
-          f"mean@4 {100 * d_acc:+.1f} points (spec pass: within 1.5).\n\n"
-          "## Quadrant shares of the pool (before) and of the kept group (after), per-step means\n\n"
-          + quadrant_table(runs) + "\nPlots: `eval_curves.png` (held-out accuracy and length), `training.png`, "
+          f"mean@4 {100 * d_acc:+.1f} points (spec pass: within 1.5). Generated tokens count every sampled "
+          "completion token (QLPO: all K = 16 per prompt); update tokens are those in the trained batch (M = 8).\n\n"
+          "## Quadrant shares of the pool (before) and of the kept group (after), means over seeds of per-step "
+          "values averaged over the first and the last 10 steps\n\n" + quadrant_table(runs, step) + "\nPlots: `eval_curves.png` (held-out accuracy and length), `training.png`, "
           "`quadrants.png`.\n")
     (out_dir / "results.md").write_text(md)
     (out_dir / "results.json").write_text(json.dumps(cells, indent=1))
@@ -135,15 +187,34 @@ def report(runs: dict[str, list[Path]], out_dir: Path) -> str:
     return md
 
 
+def ensure_baseline(seeds: list[int], jobs: int = 1, steps: int = STEPS) -> list[Path]:
+    """Train the grpo arm's missing seeds (``steps`` steps, the comparison point) under a file lock, so
+    experiments/acoer.py, which shares these runs, can call it too without two processes writing one run;
+    returns the run directories."""
+    import argparse
+    import fcntl
+
+    harness.OUT.joinpath("qlpo").mkdir(parents=True, exist_ok=True)
+    with (harness.OUT / "qlpo" / ".grpo.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        args = argparse.Namespace(seeds=seeds, jobs=jobs, steps=steps, out="", report_only=False)
+        return harness.run_arms("qlpo", RECIPE, {"grpo": [*COMMON, *ARMS["grpo"]]}, args)["grpo"]
+
+
 def main() -> None:
     with_a1 = "--with-alpha1" in sys.argv
     if with_a1:
         sys.argv.remove("--with-alpha1")
     args = harness.cli_args(__doc__.splitlines()[0])
     out_dir = Path(args.out) if args.out else harness.OUT / "qlpo"
-    arms = {a: [*COMMON, *ov] for a, ov in ARMS.items() if with_a1 or a != "qlpo_a1"}
-    runs = harness.run_arms("qlpo", RECIPE, arms, args)
-    print(report(runs, out_dir))
+    if args.out and not args.report_only:
+        raise SystemExit("--out is not supported for training: the grpo baseline lives in experiments/out/qlpo")
+    runs = {"grpo": ensure_baseline(args.seeds, args.jobs, args.steps or STEPS) if not args.report_only
+            else [out_dir / f"grpo-s{s}" for s in args.seeds]}
+    # baseline seeds already trained for longer are kept and read at their step-(--steps) eval
+    arms = {a: [*COMMON, *ov] for a, ov in ARMS.items() if a != "grpo" and (with_a1 or a != "qlpo_a1")}
+    runs.update(harness.run_arms("qlpo", RECIPE, arms, args))
+    print(report(runs, out_dir, args.steps or STEPS))
 
 
 if __name__ == "__main__":

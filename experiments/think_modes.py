@@ -20,13 +20,16 @@ Held-out eval (128 problems, mean@4 at T=1, greedy) every 25 steps. The eval sam
 ``mean@4 capped`` re-grades the same records with the caps (a completion longer than its mode's cap is
 wrong), which is what capped generation would give. Mode of a completion = its first tag.
 
-Budget: 3 arms x seeds x 100 steps, run one at a time with one torch thread (--jobs 1).
+Budget: 3 arms x seeds x 50 steps, run one at a time with one torch thread (--jobs 1), seed-major order.
+grpo-s0 and grpo-s1 were first run for 100 steps; they are read at step 50 (constant lr, no warm-up: the state
+at step 50 of a longer run is the state a 50-step run ends in).
 
 Usage: PYTHONPATH=src python experiments/think_modes.py --jobs 1 [--seeds 0 1 2] [--report-only]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -37,16 +40,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 RECIPE = "recipes/think_modes_lab.yaml"
-STEPS, EVAL_EVERY = 100, 25
+STEPS, EVAL_EVERY = 50, 25
 MODES = ("<NT>", "<SH>", "<LG>")
 CAPS = {"<NT>": 8, "<SH>": 22, "<LG>": 39}  # as in the recipe (LG = max_completion_tokens - 1)
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]", f"eval.every={EVAL_EVERY}", f"trainer.steps={STEPS}"]
 GRPO = ["reward.terms=[{name: correctness}]", "advantage=grpo", "advantage_transforms=[]"]
-ARMS = {
-    "grpo": [*COMMON, "rollout.builder={name: standard}", *GRPO],
-    "grpo_lg": [*COMMON, "rollout.builder={name: think_modes, modes: [<LG>], warmup_steps: 0}", *GRPO],
+ARMS = {  # run in this order (the method and its spec baseline first)
     "think_modes": COMMON,
+    "grpo_lg": [*COMMON, "rollout.builder={name: think_modes, modes: [<LG>], cap_sh: 22, warmup_steps: 0}", *GRPO],
+    "grpo": [*COMMON, "rollout.builder={name: standard}", *GRPO],
 }
+BUDGET = [STEPS]  # the step compared (set from --steps); longer runs are read at this step
 
 
 def mode_of(text: str) -> str:
@@ -64,7 +68,17 @@ def records(run: Path, step: int) -> list[dict]:
 
 
 def final_step(run: Path) -> int:
-    return max(int(p.stem.split("_")[1]) for p in (run / "eval").glob("step_*.jsonl"))
+    """The last eval step within the budget. The schedule is constant lr without warm-up, so a longer run's
+    state at step N is the state an N-step run ends in (earlier 100-step grpo runs are read at step N)."""
+    return max(s for s in eval_steps(run) if s <= BUDGET[0])
+
+
+def eval_steps(run: Path) -> list[int]:
+    return sorted(int(p.stem.split("_")[1]) for p in (run / "eval").glob("step_*.jsonl"))
+
+
+def eval_metric(run: Path, key: str, step: int) -> float:
+    return next(r[key] for r in harness.metrics(run) if r["step"] == step and key in r)
 
 
 def shares(recs: list[dict]) -> dict[str, float]:
@@ -80,7 +94,7 @@ def per_run(run: Path) -> dict[str, float]:
     sh = shares(recs)
     out = {"mean@4": statistics.fmean(r["correct"] for r in recs),
            "mean@4 capped": statistics.fmean(r["correct"] and within_cap(r) for r in recs),
-           "greedy": harness.final_eval(run, "eval/greedy_acc"), "length": statistics.fmean(r["length"] for r in recs),
+           "greedy": eval_metric(run, "eval/greedy_acc", final_step(run)), "length": statistics.fmean(r["length"] for r in recs),
            "mode entropy": entropy(sh), **{f"share {m}": sh[m] for m in (*MODES, "invalid")}}
     return out
 
@@ -111,7 +125,7 @@ def by_mode(runs: list[Path]) -> dict[str, dict[str, float]]:
 
 def share_curves(runs: list[Path]) -> tuple[list[int], dict[str, list[float]]]:
     """Held-out mode shares at every eval step, mean over seeds."""
-    steps = sorted(int(p.stem.split("_")[1]) for p in (runs[0] / "eval").glob("step_*.jsonl"))
+    steps = [s for s in eval_steps(runs[0]) if s <= BUDGET[0]]
     curves = {m: [statistics.fmean(shares(records(run, s))[m] for run in runs) for s in steps] for m in MODES}
     return steps, curves
 
@@ -153,24 +167,33 @@ def plots(runs: dict[str, list[Path]], out: Path) -> list[Path]:
 
 def main() -> None:
     args = harness.cli_args(__doc__.splitlines()[0])
-    runs = harness.run_arms("think_modes", RECIPE, ARMS, args)
+    BUDGET[0] = args.steps or STEPS
+    if not args.report_only:  # seed-major order, so a cut-short experiment still has every arm at the early seeds
+        for seed in args.seeds:
+            harness.run_arms("think_modes", RECIPE, ARMS, argparse.Namespace(**{**vars(args), "seeds": [seed]}))
+    runs = harness.run_arms("think_modes", RECIPE, ARMS, argparse.Namespace(**{**vars(args), "report_only": True}))
     out = Path(args.out) if args.out else harness.OUT / "think_modes"
     cols = ["mean@4", "mean@4 capped", "greedy", "length", "mode entropy", "share <NT>", "share <SH>",
             "share <LG>", "share invalid"]
     finals = {arm: [per_run(r) for r in dirs] for arm, dirs in runs.items()}
     rows = {arm: {c: harness.agg([f[c] for f in fs]) for c in cols} for arm, fs in finals.items()}
+    # the eval samples the mode tag freely; grpo_lg never trained its tag, so its policy "forced to <LG>" is read
+    # from its <LG>-tagged eval samples (the completion after <LG> is sampled from exactly pi(. | <LG>))
+    lg_only = [lg_samples(r) for r in runs["grpo_lg"]]
+    rows["grpo_lg, <LG> samples"] = {c: harness.agg([f[c] for f in lg_only]) for c in ("mean@4", "length")}
     before = {c: harness.agg([per_run_before(r)[c] for r in runs["grpo"]]) for c in ("mean@4", "length")}
     lines = [f"# Adaptive think modes on the lab: {len(args.seeds)} seeds x {args.steps or STEPS} steps\n",
              "Final held-out eval (128 problems, 4 samples at T=1); mean ± std [min, max] over seeds.\n",
              harness.table(rows, cols), f"\nWarm start (step 0): mean@4 {harness.fmt(before['mean@4'])}, "
              f"length {harness.fmt(before['length'], 1)}.\n"]
-    lg = rows["grpo_lg"]["length"]["mean"]
+    ref = rows["grpo_lg, <LG> samples"]
+    lg = ref["length"]["mean"]
     for arm in ("think_modes", "grpo"):
-        lines.append(f"- {arm}: length {100 * (rows[arm]['length']['mean'] / lg - 1):+.1f}% vs grpo_lg; mean@4 "
-                     f"{100 * (rows[arm]['mean@4']['mean'] - rows['grpo_lg']['mean@4']['mean']):+.1f} points "
-                     f"(capped: {100 * (rows[arm]['mean@4 capped']['mean'] - rows['grpo_lg']['mean@4']['mean']):+.1f})")
+        lines.append(f"- {arm}: length {100 * (rows[arm]['length']['mean'] / lg - 1):+.1f}% vs grpo_lg's <LG> samples; "
+                     f"mean@4 {100 * (rows[arm]['mean@4']['mean'] - ref['mean@4']['mean']):+.1f} points "
+                     f"(capped: {100 * (rows[arm]['mean@4 capped']['mean'] - ref['mean@4']['mean']):+.1f})")
     lines.append(f"- ln 3 = {math.log(3):.3f}; pass threshold 0.8·ln 3 = {0.8 * math.log(3):.3f}\n")
-    for arm in ("think_modes", "grpo"):
+    for arm in ("think_modes", "grpo", "grpo_lg"):
         lines.append(f"\n## {arm}: final eval by #operations (pooled over seeds)\n")
         lines.append("| ops | share <NT> | share <SH> | share <LG> | invalid | mean@4 | length |\n|---|---|---|---|---|---|---|")
         for d, v in by_difficulty(runs[arm]).items():
@@ -189,6 +212,11 @@ def main() -> None:
     lines.append("\nPlots: " + ", ".join(p.name for p in pngs))
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def lg_samples(run: Path) -> dict[str, float]:
+    recs = [r for r in records(run, final_step(run)) if mode_of(r["text"]) == "<LG>"]
+    return {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs)}
 
 
 def per_run_before(run: Path) -> dict[str, float]:

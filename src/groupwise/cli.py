@@ -14,11 +14,11 @@ from groupwise.registry import ConfigError
 DEMO = {
     "name": "demo",
     "task": {"name": "lab", "ops": "+", "min_steps": 3, "max_steps": 3, "p_wrap_slip": 0.6},
-    "model": {"path": "embedded:lab-tiny", "warm_start_steps": 400},
+    "model": {"path": "embedded:lab-tiny", "warm_start_steps": 400, "warm_start_lr": 2e-3},
     "rollout": {"prompts_per_step": 16, "group_size": 8, "max_completion_tokens": 48},
-    "optim": {"lr": 3e-4},
-    "trainer": {"steps": 150, "save_every": 50},
-    "eval": {"n_problems": 128, "k": 4},
+    "optim": {"lr": 1e-4},
+    "trainer": {"steps": 80, "save_every": 20},
+    "eval": {"n_problems": 128, "k": 4, "every": 20},
 }
 
 

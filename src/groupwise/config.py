@@ -129,7 +129,9 @@ class LossConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    lr: float = 3e-4
+    lr: float = 1e-4
+    """Sized for the embedded lab models (3e-4 degrades or collapses GRPO on the lab); a 0.5-7B HF model
+    usually wants ~1e-6 (full fine-tuning) or ~1e-5 (LoRA)."""
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.0
     eps: float = 1e-8

@@ -11,6 +11,4 @@ from groupwise.registry import Registry
 ADVANTAGES = Registry("advantage", "fn(batch: ScoredBatch, cfg) -> Tensor[N, G]")
 ADVANTAGE_TRANSFORMS = Registry("advantage transform", "fn(batch: ScoredBatch, adv: Tensor[N, G], cfg) -> Tensor[N, G]")
 
-from groupwise.advantages import grpo  # noqa: E402,F401  (registration)
-from groupwise.advantages import garl, lampo  # noqa: E402,F401,I001
-from groupwise.advantages import mode_balance  # noqa: E402,F401
+from groupwise.advantages import garl, grpo, lampo, mode_balance  # noqa: E402,F401  (registration)

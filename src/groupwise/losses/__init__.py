@@ -9,5 +9,4 @@ from groupwise.registry import Registry
 
 LOSSES = Registry("loss", "fn(inp: LossInputs, cfg) -> LossTerms")
 
-from groupwise.losses import kl, ppo_clip  # noqa: E402,F401  (registration)
-from groupwise.losses import paft  # noqa: E402,F401,I001
+from groupwise.losses import kl, paft, ppo_clip  # noqa: E402,F401  (registration)

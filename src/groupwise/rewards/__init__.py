@@ -9,7 +9,4 @@ from groupwise.registry import Registry
 
 REWARDS = Registry("reward", "factory(cfg, task) -> term(groups, step) -> list[list[float]]")
 
-from groupwise.rewards import basic  # noqa: E402,F401  (registration)
-from groupwise.rewards import acoer, length_penalty  # noqa: E402,F401
-from groupwise.rewards import rouge_l  # noqa: E402,F401
-from groupwise.rewards import think_mode  # noqa: E402,F401
+from groupwise.rewards import acoer, basic, length_penalty, rouge_l, think_mode  # noqa: E402,F401  (registration)

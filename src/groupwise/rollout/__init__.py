@@ -12,6 +12,4 @@ GENERATORS = Registry("generator", "factory(cfg, model, tokenizer) -> Generator"
 BUILDERS = Registry("group builder", "factory(cfg) -> (problems, ctx) -> list[Group]")
 TRANSFORMS = Registry("group transform", "factory(cfg) -> (groups, ctx) -> list[Group]")
 
-from groupwise.rollout import builders, fake, hf  # noqa: E402,F401  (registration)
-from groupwise.rollout import qlpo  # noqa: E402,F401
-from groupwise.rollout import dre, think_modes  # noqa: E402,F401
+from groupwise.rollout import builders, dre, fake, hf, qlpo, think_modes  # noqa: E402,F401  (registration)

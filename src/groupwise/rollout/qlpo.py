@@ -27,7 +27,9 @@ median-by-rank quadrant split and α as a relative weight are ours; the spec's o
 fraction`` and continuous length weights are not implemented. Randomness comes only from ``ctx.rng("qlpo")``
 (one generator per call). Metrics, over all groups the transform saw in the step: quadrant shares of the
 pool and of the kept samples ``rollout/qlpo_{sc,lc,si,li}_frac_{before,after}``, mean length and correct
-share before/after, and ``rollout/qlpo_pool_tokens`` (the trainer's ``perf/gen_tokens`` counts kept samples).
+share before/after, and ``rollout/qlpo_pool_tokens`` (completion tokens of all K samples, discarded ones
+included, as seen by the transform; the trainer's ``perf/gen_tokens`` also counts every generated token,
+discarded samples included).
 """
 
 from __future__ import annotations

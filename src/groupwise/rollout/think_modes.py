@@ -73,8 +73,8 @@ class ThinkModesConfig:
         if not getattr(run.task.cfg, "modes", False):
             raise ValueError(f"needs a task that writes mode tokens (task '{run.task.name}' with modes: true)")
         limit = run.rollout.max_completion_tokens - 1
-        caps = self.caps(run.rollout.max_completion_tokens)
-        if max(caps.values()) > limit or not caps["<SH>"] < caps["<LG>"]:
+        caps = {m: c for m, c in self.caps(run.rollout.max_completion_tokens).items() if m in self.modes}  # used caps
+        if max(caps.values()) > limit or not caps.get("<SH>", 0) < caps.get("<LG>", math.inf):
             raise ValueError(f"caps {caps} must increase strictly and not exceed rollout.max_completion_tokens − 1 "
                              f"= {limit} (the mode token counts toward it)")
 

@@ -9,5 +9,4 @@ from groupwise.registry import Registry
 
 SELECTORS = Registry("selector", "factory(cfg, task, seed) -> Selector")
 
-from groupwise.select import random  # noqa: E402,F401  (registration)
-from groupwise.select import pivottrace  # noqa: E402,F401,I001
+from groupwise.select import pivottrace, random  # noqa: E402,F401  (registration)

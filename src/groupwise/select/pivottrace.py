@@ -2,7 +2,7 @@
 
 Paper: G. Zhu, S. Yang, H. Wang et al., "Smart Picks in the Dark: Towards Efficient RLVR for Reasoning via
 Tracing Metacognitive Pivots", arXiv 2606.04503 (2026). Only the abstract is public (the code repository is a
-placeholder), so the spec (/work/shared/methods/specs-09-16.md §13) rates its confidence LOW: the abstract
+placeholder), so the spec (specs-09-16.md §13) rates its confidence LOW: the abstract
 names the ingredients (attention dynamics → metacognitive pivots → pivot density as uncertainty →
 annotate / train / skip routing under a labelling budget) and everything concrete below is reconstructed.
 

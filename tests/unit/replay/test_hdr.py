@@ -269,3 +269,24 @@ def test_fresh_stream_is_untouched_and_replay_only_appends():
     # fresh generation once per step, none inside the buffer; one pass over 2 scanned groups x 4 samples
     assert generated == [2] and gen_calls == [0, 0] and calls == [8]
     assert m["replay/scanned"] == 2 and 0 < m["replay/token_share"] < 1 and m["replay/groups"] == 2
+
+
+def test_engine_checkpoints_the_buffer_state():
+    # the trainer saves {name: part.state_dict() for name, part in c.stateful().items()} and restores it on
+    # --resume: the hdr store (groups, steps, insertion counter, cached headroom) survives that round trip
+    c = components("replay.name=hdr", "replay.tau=inf", "replay.replay_groups=2")
+    for step in range(2):
+        rl_step(c, step)
+    assert "buffer" in c.stateful() and c.buffer.store.entries
+    blob = io.BytesIO()
+    torch.save({k: v.state_dict() for k, v in c.stateful().items()}, blob)
+    blob.seek(0)
+    back = components("replay.name=hdr", "replay.tau=inf", "replay.replay_groups=2")
+    back.buffer.load_state_dict(torch.load(blob, weights_only=False)["buffer"])
+    key = [(e.step, e.index, e.headroom, e.group.problem) for e in c.buffer.store.entries]
+    assert [(e.step, e.index, e.headroom, e.group.problem) for e in back.buffer.store.entries] == key
+    assert back.buffer.store.inserted == c.buffer.store.inserted
+    for ea, eb in zip(c.buffer.store.entries, back.buffer.store.entries):
+        for sa, sb in zip(ea.group.samples, eb.group.samples):
+            assert torch.equal(sa.completion_ids, sb.completion_ids) and sa.advantage == sb.advantage
+            assert torch.allclose(sa.rollout_logprobs, sb.rollout_logprobs, rtol=0, atol=0, equal_nan=True)

@@ -258,3 +258,37 @@ def test_metrics_exposed():
 def test_config_validated_at_load(bad, match):
     with pytest.raises(ConfigError, match=match):
         load(None, [f"reward.terms=[{{name: acoer, {bad}}}]"])
+
+
+def test_state_round_trips_through_a_trainer_checkpoint(tmp_path):
+    # 3 steps + checkpoint + resume for 2 more reproduces 5 uninterrupted steps, control loop included. Scripted
+    # completions answer 0..9 with different lengths (one correct per group, its length set by the problem).
+    from groupwise import checkpoint as ckpt
+    from groupwise.drivers.trainer import train
+    from groupwise.log import read_metrics
+
+    texts = [f"<think>{'x' * ((7 * d) % 13)}</think><answer>{d}</answer>" for d in range(10)]
+    acoer = ("reward.terms=[{name: acoer, warmup_steps: 1, window: 2, ema_span: 2, budget_init: 48, budget_min: 4,"
+             " alpha_init: 0.1, alpha_up: 1.5}]")
+    base = ["model.warm_start=false", "trainer.save_every=2", "trainer.threads=1", "trainer.progress=false",
+            "trainer.sinks=[jsonl]", "rollout.prompts_per_step=2", "rollout.group_size=10",
+            f"rollout.generator={{name: fake, completions: {texts}}}", "rollout.max_completion_tokens=48", acoer,
+            "eval.before=false", "eval.after=false", f"out_dir={tmp_path}"]
+    train(load(None, [*base, "name=a", "trainer.steps=5"]))
+    train(load(None, [*base, "name=b", "trainer.steps=3"]))
+    saved = torch.load(tmp_path / "b" / "checkpoints" / "step_0000003" / ckpt.STATE, weights_only=False)
+    train(load(None, [*base, "name=b", "trainer.steps=5"]), resume=True)
+
+    def acoer_rows(run):
+        return [{k: v for k, v in r.items() if k.startswith("reward/")} | {"step": r["step"]}
+                for r in read_metrics(tmp_path / run) if "reward/acoer_alpha" in r]
+
+    a, b = acoer_rows("a"), acoer_rows("b")
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5] and a == b
+    state = saved["components"]["reward0/acoer"]
+    assert state["alpha"] == a[2]["reward/acoer_alpha"] and state["budget"] == a[2]["reward/acoer_budget"]
+    assert state["calls"] == 3 and len(state["history"]) == 2
+    assert a[4]["reward/acoer_alpha"] > a[2]["reward/acoer_alpha"] > 0.1  # the loop moved, before and after
+    final = [torch.load(tmp_path / r / "checkpoints" / "step_0000005" / ckpt.STATE, weights_only=False)
+             ["components"]["reward0/acoer"] for r in ("a", "b")]
+    assert final[0] == final[1]

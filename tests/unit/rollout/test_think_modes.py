@@ -188,6 +188,9 @@ def test_config_validation():
         load(None, [*base, "rollout.max_completion_tokens=40"])  # cap_sh 40 > 39
     with pytest.raises(ConfigError, match="max_completion_tokens"):
         load(None, [*base, "rollout.builder.cap_lg=80"])
+    # caps of modes that are not allowed are not used: a Long-only builder fits a short global cap
+    one = load(None, [*base, "rollout.builder.modes=[<LG>]", "rollout.max_completion_tokens=40"]).rollout.builder.cfg
+    assert one.caps(40)["<LG>"] == 39
     with pytest.raises(ConfigError, match="modes: true"):
         load(None, ["rollout.builder.name=think_modes"])
     with pytest.raises(ConfigError, match="subset"):
