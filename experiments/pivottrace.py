@@ -16,10 +16,23 @@ probe traces each from the warm start, Spearman of pivot density and of mean tok
 empirical error rate, and the error rate / pseudo-label accuracy of each triage bucket.
 
     PYTHONPATH=src python experiments/pivottrace.py --jobs 1
+
+Settings (``--setting``):
+  nochecks  (default) the recipe as written: {p_wrap_slip: 0.6}, 48 tokens, 120 steps -> experiments/out/pivottrace.
+            Plain GRPO does not learn here at lr 1e-4 (0.18 -> 0.12), so "matches all labels" is vacuous.
+  checks    the lab setting where plain GRPO learns (that of hdr_lab.yaml / lampo_lab.yaml, same cached warm
+            start): task {p_wrap_slip: 0.6, max_checks: 6, check_correct_bonus: 1}, 112 tokens, 40 steps
+            -> experiments/out/pivottrace_checks. No separate calibration pass (cost); the pivot/entropy
+            calibration of the 512 x 4 triage probes is read from the runs' select/calib_* metrics.
+``--arms`` restricts which arms are trained (to split runs across processes; the report always aggregates
+every arm whose runs all finished), ``--no-calibration`` skips the in-process calibration pass.
+
+    PYTHONPATH=src python experiments/pivottrace.py --setting checks --arms all_labels pivot_30 random_30 --jobs 1
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
@@ -29,10 +42,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-EXPERIMENT = "pivottrace"
 RECIPE = "recipes/pivottrace_lab.yaml"
-STEPS = 120
 EVAL_EVERY = 20
+SETTINGS = {  # setting -> (experiment / output name, task + rollout overrides of the recipe, default steps)
+    "nochecks": ("pivottrace", [], 120),
+    "checks": ("pivottrace_checks", ["task.max_checks=6", "task.check_correct_bonus=1",
+                                     "rollout.max_completion_tokens=112"], 40),
+}
+EXPERIMENT, SETTING, STEPS = SETTINGS["nochecks"][0], SETTINGS["nochecks"][1], SETTINGS["nochecks"][2]
 COMMON = ["trainer.save_every=0", f"eval.every={EVAL_EVERY}", "trainer.sinks=[jsonl]"]
 ARMS = {
     "all_labels": ["select.strategy=random", "select.label_budget=1.0"],
@@ -57,7 +74,7 @@ def calibration(out_dir: Path) -> dict:
     from groupwise.drivers.setup import build
     from groupwise.select.pivottrace import PivotTraceSelector, auroc, majority, route, spearman
 
-    cfg = load(RECIPE, ["trainer.threads=1", "trainer.progress=false"])
+    cfg = load(RECIPE, [*SETTING, "trainer.threads=1", "trainer.progress=false"])
     c = build(cfg)
     out: dict = {"n_problems": CALIB_POOL, "samples": CALIB_SAMPLES, "buckets": {}}
     rng = random.Random(0)
@@ -97,15 +114,35 @@ def steps_to(run: Path, key: str, target: float) -> float:
     return next((float(s) for s, v in rows if v >= target), float("inf"))
 
 
+def own_args() -> argparse.Namespace:
+    """This script's options (removed from sys.argv before the harness parses the shared ones)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--setting", choices=sorted(SETTINGS), default="nochecks")
+    p.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=sorted(ARMS))
+    p.add_argument("--no-calibration", action="store_true")
+    own, rest = p.parse_known_args()
+    sys.argv[1:] = rest
+    return own
+
+
 def main() -> None:
+    global EXPERIMENT, SETTING, STEPS
+    own = own_args()
+    EXPERIMENT, SETTING, STEPS = SETTINGS[own.setting]
     args = harness.cli_args(__doc__.splitlines()[0])
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
-    calib = calibration(out_dir) if not args.report_only or (out_dir / "calibration.json").exists() else None
-    arms = {k: [*COMMON, *v] + ([] if args.steps else [f"trainer.steps={STEPS}"]) for k, v in ARMS.items()}
-    runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
+    do_calib = not own.no_calibration and (not args.report_only or (out_dir / "calibration.json").exists())
+    calib = calibration(out_dir) if do_calib else None
+    arms = {k: [*SETTING, *COMMON, *v] + ([] if args.steps else [f"trainer.steps={STEPS}"]) for k, v in ARMS.items()}
+    if not args.report_only:
+        harness.run_arms(EXPERIMENT, RECIPE, {k: v for k, v in arms.items() if k in own.arms}, args)
+    runs = harness.run_arms(EXPERIMENT, RECIPE, arms, argparse.Namespace(**{**vars(args), "report_only": True}))
     missing = [arm for arm, dirs in runs.items() if not all((d / "summary.json").exists() for d in dirs)]
     runs = {arm: dirs for arm, dirs in runs.items() if arm not in missing}  # --report-only on a partial set
+    if "all_labels" not in runs:
+        print(f"no report yet: all_labels not finished for seeds {args.seeds}")
+        return
 
     before = statistics.fmean(harness.summary(r)["before"]["eval/mean_at_k"] for r in runs["all_labels"])
     full_final = statistics.fmean(harness.final_eval(r, "eval/mean_at_k") for r in runs["all_labels"])
@@ -118,14 +155,20 @@ def main() -> None:
         cells["labelled_frac"] = harness.agg([r["select/labelled_frac"] for r in last])
         if all("select/pseudo_label_acc" in r for r in last):
             cells["pseudo_label_acc"] = harness.agg([r["select/pseudo_label_acc"] for r in last])
+        for k in ("calib_spearman_pivot", "calib_spearman_entropy"):  # triage probes at the warm start
+            if all(f"select/{k}" in r for r in last):
+                cells[k] = harness.agg([r[f"select/{k}"] for r in last])
         cells["train_reward(tail20)"] = harness.agg([harness.tail_mean(d, "reward/mean") for d in dirs])
         rows[arm] = cells
         speed[arm] = [steps_to(d, "eval/mean_at_k", target) for d in dirs]
     cols = ["mean_at_k", "greedy_acc", "mean_at_k/d4", "labelled_frac", "pseudo_label_acc", "train_reward(tail20)"]
+    if own.setting != "nochecks":  # (kept out of the original setting's table so that it stays as published)
+        cols += ["calib_spearman_pivot", "calib_spearman_entropy"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/mean", "rollout/completion_len_mean"], out_dir / "train_curves.png")]
     steps = args.steps or STEPS
-    lines = [f"# {EXPERIMENT}\n", f"Recipe `{RECIPE}`, {steps} steps, seeds {args.seeds}, eval every {EVAL_EVERY} "
+    lines = [f"# {EXPERIMENT}\n", f"Recipe `{RECIPE}` {' '.join(SETTING)}".rstrip() + f", {steps} steps, seeds "
+             f"{args.seeds}, eval every {EVAL_EVERY} "
              f"steps on 128 held-out problems (k=4, T=1). Cells: mean ± std [min, max] over seeds.\n",
              f"Held-out mean@4 before RL (warm start): {before:.3f}.\n", harness.table(rows, cols),
              f"\nSteps to reach mean@4 ≥ {target:.3f} (start + 80% of the all-labels arm's gain; inf = not reached):\n"]

@@ -45,11 +45,13 @@ def compare(runs: list[str], tail: int = 10, extra: tuple[str, ...] = ()):
     cols: list[str] = []
     for s in summaries:
         cols += [k for k in s if k not in cols]
+    # metrics as rows, runs as columns: a few runs fit a terminal however many metrics there are
     table = Table(title=f"groupwise compare (training metrics: mean of the last {tail} steps)")
-    for c in cols:
-        table.add_column(c, justify="left" if c == "run" else "right")
+    table.add_column("metric", justify="left")
     for s in summaries:
-        table.add_row(*[_fmt(s.get(c)) for c in cols])
+        table.add_column(str(s["run"]), justify="right")
+    for c in cols[1:]:
+        table.add_row(c, *[_fmt(s.get(c)) for s in summaries])
     return table, summaries
 
 
