@@ -49,7 +49,7 @@ SETTINGS = {  # setting -> (experiment / output name, task + rollout overrides o
     "checks": ("pivottrace_checks", ["task.max_checks=6", "task.check_correct_bonus=1",
                                      "rollout.max_completion_tokens=112"], 40),
 }
-EXPERIMENT, SETTING, STEPS = SETTINGS["nochecks"][0], SETTINGS["nochecks"][1], SETTINGS["nochecks"][2]
+EXPERIMENT, SETTING, STEPS = SETTINGS["nochecks"]  # set from --setting in main()
 COMMON = ["trainer.save_every=0", f"eval.every={EVAL_EVERY}", "trainer.sinks=[jsonl]"]
 ARMS = {
     "all_labels": ["select.strategy=random", "select.label_budget=1.0"],
