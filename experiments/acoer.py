@@ -160,10 +160,8 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str) ->
 
 
 def main() -> None:
-    with_fixed = "--with-fixed" in sys.argv
-    if with_fixed:
-        sys.argv.remove("--with-fixed")
-    args = harness.cli_args(__doc__.splitlines()[0])
+    args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument("--with-fixed", action="store_true"))
+    with_fixed = args.with_fixed
     out_dir = Path(args.out) if args.out else harness.OUT / "acoer"
     step = args.steps or STEPS
     arms = {a: [*COMMON, *ov] for a, ov in ARMS.items() if with_fixed or a != "acoer_fixed"}

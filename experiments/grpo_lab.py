@@ -27,12 +27,9 @@ KEYS = ("mean_at_k", "greedy_acc", "format_frac", "len_mean")
 
 
 def main() -> None:
-    with_lr = "--with-lr-arms" in sys.argv
-    if with_lr:
-        sys.argv.remove("--with-lr-arms")
-    args = harness.cli_args(__doc__.splitlines()[0])
+    args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument("--with-lr-arms", action="store_true"))
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
-    arms = {**ARMS, **(LR_ARMS if with_lr else {})}
+    arms = {**ARMS, **(LR_ARMS if args.with_lr_arms else {})}
     runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *v] for k, v in arms.items()}, args)
     rows = {"warm start (step 0)": {k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in runs["grpo"]])
                                     for k in KEYS}}

@@ -23,13 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "out"
 
 
-def cli_args(description: str) -> argparse.Namespace:
+def cli_args(description: str, add_own=None) -> argparse.Namespace:
+    """The shared options, plus the experiment's own: ``add_own(parser)`` adds them to the same parser."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (1 torch thread each)")
     p.add_argument("--steps", type=int, default=0, help="override the experiment's step budget (0: its default)")
     p.add_argument("--out", default="", help="output directory (default experiments/out/<experiment>)")
     p.add_argument("--report-only", action="store_true", help="re-aggregate existing runs without training")
+    if add_own is not None:
+        add_own(p)
     return p.parse_args()
 
 

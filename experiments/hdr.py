@@ -71,24 +71,10 @@ COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
 BASE_ARM = "grpo16"  # the only arm that evaluates at step 0; the others share its (identical) step-0 eval
 
 
-def extra_flags() -> tuple[str, list[str]]:
-    """``--phase {all,main,latency,report}`` and ``--arms A B ..`` (main-phase filter), removed from argv so
-    that harness.cli_args parses the rest; they let two single-thread lanes split the runs."""
-    phase, only = "all", []
-    if "--phase" in sys.argv:
-        i = sys.argv.index("--phase")
-        phase = sys.argv[i + 1]
-        del sys.argv[i:i + 2]
-    if "--arms" in sys.argv:
-        i = sys.argv.index("--arms")
-        j = i + 1
-        while j < len(sys.argv) and not sys.argv[j].startswith("--"):
-            j += 1
-        only = sys.argv[i + 1:j]
-        del sys.argv[i:j]
-    if phase not in ("all", "main", "latency", "extend", "report"):
-        raise SystemExit(f"--phase {phase}: allowed all, main, latency, extend, report")
-    return phase, only
+def own_args(p: argparse.ArgumentParser) -> None:
+    """``--phase`` and ``--arms A B ..`` (main-phase filter): they let two single-thread lanes split the runs."""
+    p.add_argument("--phase", choices=("all", "main", "latency", "extend", "report"), default="all")
+    p.add_argument("--arms", nargs="+", default=[])
 
 
 def replay(name: str, **knobs) -> str:
@@ -423,8 +409,8 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
 
 
 def main() -> None:
-    phase, only = extra_flags()
-    args = harness.cli_args(__doc__.splitlines()[0])
+    args = harness.cli_args(__doc__.splitlines()[0], own_args)
+    phase, only = args.phase, args.arms
     out_dir = Path(args.out) if args.out else harness.OUT / "hdr"
     tau, sweep_md = sweep(args)
     print(sweep_md, flush=True)

@@ -114,29 +114,23 @@ def steps_to(run: Path, key: str, target: float) -> float:
     return next((float(s) for s, v in rows if v >= target), float("inf"))
 
 
-def own_args() -> argparse.Namespace:
-    """This script's options (removed from sys.argv before the harness parses the shared ones)."""
-    p = argparse.ArgumentParser(add_help=False)
+def own_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setting", choices=sorted(SETTINGS), default="nochecks")
     p.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=sorted(ARMS))
     p.add_argument("--no-calibration", action="store_true")
-    own, rest = p.parse_known_args()
-    sys.argv[1:] = rest
-    return own
 
 
 def main() -> None:
     global EXPERIMENT, SETTING, STEPS
-    own = own_args()
-    EXPERIMENT, SETTING, STEPS = SETTINGS[own.setting]
-    args = harness.cli_args(__doc__.splitlines()[0])
+    args = harness.cli_args(__doc__.splitlines()[0], own_args)
+    EXPERIMENT, SETTING, STEPS = SETTINGS[args.setting]
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
-    do_calib = not own.no_calibration and (not args.report_only or (out_dir / "calibration.json").exists())
+    do_calib = not args.no_calibration and (not args.report_only or (out_dir / "calibration.json").exists())
     calib = calibration(out_dir) if do_calib else None
     arms = {k: [*SETTING, *COMMON, *v] + ([] if args.steps else [f"trainer.steps={STEPS}"]) for k, v in ARMS.items()}
     if not args.report_only:
-        harness.run_arms(EXPERIMENT, RECIPE, {k: v for k, v in arms.items() if k in own.arms}, args)
+        harness.run_arms(EXPERIMENT, RECIPE, {k: v for k, v in arms.items() if k in args.arms}, args)
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, argparse.Namespace(**{**vars(args), "report_only": True}))
     missing = [arm for arm, dirs in runs.items() if not all((d / "summary.json").exists() for d in dirs)]
     runs = {arm: dirs for arm, dirs in runs.items() if arm not in missing}  # --report-only on a partial set
@@ -162,7 +156,7 @@ def main() -> None:
         rows[arm] = cells
         speed[arm] = [steps_to(d, "eval/mean_at_k", target) for d in dirs]
     cols = ["mean_at_k", "greedy_acc", "mean_at_k/d4", "labelled_frac", "pseudo_label_acc", "train_reward(tail20)"]
-    if own.setting != "nochecks":  # (kept out of the original setting's table so that it stays as published)
+    if args.setting != "nochecks":  # (kept out of the original setting's table so that it stays as published)
         cols += ["calib_spearman_pivot", "calib_spearman_entropy"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/mean", "rollout/completion_len_mean"], out_dir / "train_curves.png")]

@@ -202,10 +202,8 @@ def ensure_baseline(seeds: list[int], jobs: int = 1, steps: int = STEPS) -> list
 
 
 def main() -> None:
-    with_a1 = "--with-alpha1" in sys.argv
-    if with_a1:
-        sys.argv.remove("--with-alpha1")
-    args = harness.cli_args(__doc__.splitlines()[0])
+    args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument("--with-alpha1", action="store_true"))
+    with_a1 = args.with_alpha1
     out_dir = Path(args.out) if args.out else harness.OUT / "qlpo"
     if args.out and not args.report_only:
         raise SystemExit("--out is not supported for training: the grpo baseline lives in experiments/out/qlpo")
