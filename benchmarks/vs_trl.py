@@ -188,7 +188,7 @@ def side_groupwise(spec: dict) -> dict:
         reward = "bench_dense"
         if reward not in REWARDS:
             REWARDS.register(reward, config=NoConfig)(
-                lambda cfg, task: per_sample(lambda s, p: reward_value(task, p, s.text, "dense")))
+                lambda cfg, env: per_sample(lambda s, p: reward_value(env.task, p, s.text, "dense")))
     base = {
         "name": "vs_trl", "out_dir": spec["workdir"], "seed": spec["seed"],
         "model": {"path": spec["model_dir"], "warm_start": False, "dtype": "float32"},
@@ -230,7 +230,7 @@ def side_groupwise(spec: dict) -> dict:
     for step in range(spec["steps"]):
         rec.update(gen_s=0.0, gen_cpu_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[])
         t, cpu = time.perf_counter(), time.process_time()
-        m, _ = rl_step(c, step)
+        m = rl_step(c, step)
         dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
         steps.append(_step_record(
             dt, dcpu, rec, rows=m["rollout/samples"],

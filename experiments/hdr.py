@@ -167,11 +167,13 @@ def acceptance(r: list[dict]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------ phase 3
 def latency(args: argparse.Namespace, tau: float, claim: bool = False) -> dict[str, list[Path]]:
+    from groupwise import catalog
     from groupwise.config import load
     from groupwise.models.warm_start import ensure_warm_start
+    from groupwise.registry import BuildEnv
 
     cfg = load(RECIPE)
-    task = cfg.task.entry()(cfg.task.cfg, 0)
+    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
     model_dir = ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model)  # cached by phase 2
     steps = min(args.steps or LATENCY_STEPS, LATENCY_STEPS)
     extra = [*COMMON, f"model.path={model_dir}", f"task.env_latency_s={LATENCY_S}", f"trainer.steps={steps}",

@@ -57,6 +57,7 @@ def _demo(args) -> int:
 
 def _eval(args) -> int:
     from groupwise.config import load
+    from groupwise.drivers.session import latest_model_dir
     from groupwise.drivers.setup import build
     from groupwise.eval import evaluate
 
@@ -64,31 +65,29 @@ def _eval(args) -> int:
     recipe = args.recipe
     overrides = list(args.overrides)
     if (target / "resolved_config.yaml").exists():  # a run directory: its config and latest checkpoint
-        from groupwise.drivers.trainer import latest_model_dir
-
         recipe = recipe or target / "resolved_config.yaml"
         model_dir = latest_model_dir(target)
     else:
         model_dir = target
     cfg = load(recipe, [*overrides, f"model.path={model_dir}"])
-    c = build(cfg)
+    p = build(cfg)
     e = cfg.eval
-    metrics, _ = evaluate(c.generator, c.tokenizer, c.task, list(c.task.test[:e.n_problems]), c.encode, k=e.k,
+    metrics, _ = evaluate(p.generator, p.tokenizer, p.task, list(p.task.test[:e.n_problems]), p.encode, k=e.k,
                           temperature=e.temperature, greedy=e.greedy, seed=cfg.seed,
                           max_tokens=e.max_completion_tokens or cfg.rollout.max_completion_tokens,
                           timeout_s=cfg.reward.verifier_timeout_s)
     if args.json:
         print(json.dumps(metrics, indent=1))
-    else:
-        from rich.console import Console
-        from rich.table import Table
+        return 0
+    from rich.console import Console
+    from rich.table import Table
 
-        t = Table(title=f"eval {model_dir} on {cfg.task.name} ({e.n_problems} problems, k={e.k})")
-        t.add_column("metric")
-        t.add_column("value", justify="right")
-        for k, v in metrics.items():
-            t.add_row(k, f"{v:.4f}")
-        Console().print(t)
+    t = Table(title=f"eval {model_dir} on {cfg.task.name} ({e.n_problems} problems, k={e.k})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in metrics.items():
+        t.add_row(k, f"{v:.4f}")
+    Console().print(t)
     return 0
 
 
@@ -114,13 +113,17 @@ def _compare(args) -> int:
 
 
 def _list(args) -> int:
-    from groupwise.config import _KINDS, registry
+    from groupwise import plugins
+    from groupwise.catalog import KINDS, registry
 
-    for kind in _KINDS:
+    for ref in args.plugin:
+        plugins.import_ref(ref)
+    for kind in KINDS:
         if args.kind and args.kind not in kind:
             continue
         reg = registry(kind)
-        print(f"{kind:20s} {', '.join(reg.names()) or '-':60s}  {reg.signature}")
+        names = [e.name + ("" if e.origin.startswith("groupwise.") else f" ({e.origin})") for e in reg.entries()]
+        print(f"{kind:20s} {', '.join(names) or '-':60s}  {reg.signature}")
     return 0
 
 
@@ -165,8 +168,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--metrics", default="", help="extra training metrics, comma-separated")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=_compare)
-    li = sub.add_parser("list", help="registered components")
+    li = sub.add_parser("list", help="registered components (plugins marked with their module)")
     li.add_argument("kind", nargs="?", default="")
+    li.add_argument("--plugin", action="append", default=[], help="a plugin file or module to import first")
     li.set_defaults(fn=_list)
     cf = sub.add_parser("config", help="print the resolved config of a recipe + overrides")
     cf.add_argument("recipe")

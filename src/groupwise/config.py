@@ -5,15 +5,19 @@ A recipe lists only what differs from the defaults below. A component slot is wr
 terms) also take ``weight``. Overrides use dotted paths: ``trainer.steps=3``, ``advantage.name=rloo``,
 ``loss.terms.0.clip_high=0.28``. Every error is one line naming the file:line or override, the key path,
 and what is allowed. Component configs may define ``check(run)`` for cross-section rules.
+
+This module is the schema and its loader only: a ``Spec`` names a component and holds its validated config;
+``catalog.build(spec, env)`` (called once, in ``drivers/setup.py``) turns it into the bound object. The
+registries are consulted here only to find each component's config class. ``plugins:`` (files or modules)
+are imported before anything else is validated, so their components are known by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,41 +25,23 @@ import yaml
 
 from groupwise.registry import ConfigError, Registry
 
-# kind -> module that defines the registry of that kind (imported lazily to keep start-up small)
-_KINDS = {
-    "task": ("groupwise.tasks", "TASKS"),
-    "selector": ("groupwise.select", "SELECTORS"),
-    "generator": ("groupwise.rollout", "GENERATORS"),
-    "group builder": ("groupwise.rollout", "BUILDERS"),
-    "group transform": ("groupwise.rollout", "TRANSFORMS"),
-    "reward": ("groupwise.rewards", "REWARDS"),
-    "filter": ("groupwise.filter", "FILTERS"),
-    "replay buffer": ("groupwise.replay", "BUFFERS"),
-    "advantage": ("groupwise.advantages", "ADVANTAGES"),
-    "advantage transform": ("groupwise.advantages", "ADVANTAGE_TRANSFORMS"),
-    "credit": ("groupwise.credit", "CREDIT"),
-    "teacher": ("groupwise.teachers", "TEACHERS"),
-    "loss": ("groupwise.losses", "LOSSES"),
-}
 _WEIGHTED = {"reward", "loss"}
 
 
 def registry(kind: str) -> Registry[Any]:
-    module, attr = _KINDS[kind]
-    return getattr(importlib.import_module(module), attr)
+    from groupwise.catalog import registry as lookup  # the catalogue imports every stage package
+
+    return lookup(kind)
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """A selected component: its registered name, its validated config, and (for terms) its weight."""
+    """A selected component: its kind, registered name, validated config, and (for terms) its weight."""
 
     kind: str
     name: str
     cfg: Any = None
     weight: float = 1.0
-
-    def entry(self) -> Any:
-        return registry(self.kind).get(self.name).obj
 
 
 def component(kind: str, default: str | Mapping[str, Any]) -> Any:
@@ -184,6 +170,9 @@ class RunConfig:
     out_dir: str = "runs"
     """The run writes to ``<out_dir>/<name>``."""
     seed: int = 0
+    plugins: tuple[str, ...] = ()
+    """Python files (``my_components.py``) or modules (``my_pkg.components``) imported before the recipe is
+    validated, so the components they register can be named in it (stored as absolute paths)."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     task: Spec = component("task", "lab")
     select: Spec = component("selector", "random")
@@ -293,9 +282,10 @@ def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-         base: Mapping[str, Any] | None = None) -> RunConfig:
-    """Resolve ``base`` dict <- recipe YAML <- ``key=value`` overrides into a validated RunConfig."""
+def load(recipe: str | Path | None = None, overrides: Sequence[str] = (), base: Mapping[str, Any] | None = None,
+         final: Mapping[str, Any] | None = None) -> RunConfig:
+    """Resolve ``base`` dict <- recipe YAML <- ``key=value`` overrides <- ``final`` dict (the Python API's
+    ``reward_funcs``) into a validated RunConfig."""
     lines = _Lines()
     tree: dict[str, Any] = dict(base or {})
     if recipe is not None:
@@ -312,7 +302,34 @@ def load(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...
         except yaml.YAMLError:
             value = raw
         _set_dotted(tree, key.strip(), value, lines, f"override '{ov}'")
+    if final:
+        tree = merge(tree, final)
+    if "plugins" in tree:
+        tree["plugins"] = _import_plugins(tree["plugins"], lines)
     cfg = _build(RunConfig, tree, (), lines)
+    _check(cfg)
+    return cfg
+
+
+def _import_plugins(raw: Any, lines: _Lines) -> list[str]:
+    from groupwise import plugins
+
+    refs = [raw] if isinstance(raw, str) else raw
+    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        _fail(lines, ("plugins",), f"expected a list of files or modules, got {raw!r}")
+    out = []
+    for i, ref in enumerate(refs):
+        try:
+            plugins.import_ref(ref)
+        except ConfigError as e:
+            where = lines.where(("plugins", str(i)))
+            raise ConfigError(f"{where + ': ' if where else ''}plugins.{i}: {e}") from None
+        out.append(plugins.absolute(ref))
+    return out
+
+
+def _check(cfg: RunConfig) -> None:
+    """Cross-section rules: each component's ``check(run)``, and what active loss terms need."""
     for spec in cfg.specs():
         check = getattr(spec.cfg, "check", None)
         if check is not None:
@@ -320,7 +337,13 @@ def load(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...
                 check(cfg)
             except ValueError as e:
                 raise ConfigError(f"{spec.kind} '{spec.name}': {e}") from None
-    return cfg
+    for i, spec in enumerate(cfg.loss.terms):
+        needs = registry("loss").get(spec.name).needs if spec.weight != 0 else ()
+        if any(n.startswith("teacher") for n in needs) and cfg.teacher.name == "none":
+            raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs a teacher; set teacher: privileged | frozen | "
+                              "ema | model")
+        if "teacher_topk" in needs and not getattr(cfg.teacher.cfg, "top_k", 0):
+            raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs the teacher's top-k support; set teacher.top_k")
 
 
 def _dotted(path: tuple[str, ...]) -> str:
@@ -386,81 +409,99 @@ def _build_spec(kind: str, raw: Any, path: tuple[str, ...] | str, lines: _Lines 
 
 
 def _coerce(value: Any, tp: Any, path: tuple[str, ...], lines: _Lines) -> Any:
+    """``value`` checked against (and converted to) the annotation ``tp``; a mismatch is a one-line error."""
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, path, lines)
-            except ConfigError:
-                pass
-        _fail(lines, path, f"{value!r} is not a valid {tp}")
+        return _coerce_union(value, typing.get_args(tp), tp, path, lines)
     if origin is Literal:
-        if value not in args:
-            _fail(lines, path, f"{value!r} is not allowed; allowed: {', '.join(map(str, args))}")
+        if value not in typing.get_args(tp):
+            _fail(lines, path, f"{value!r} is not allowed; allowed: {', '.join(map(str, typing.get_args(tp)))}")
         return value
     if origin is tuple:
-        if isinstance(value, str | int | float):
-            value = [value]
-        if not isinstance(value, list | tuple):
-            _fail(lines, path, f"expected a list, got {value!r}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], (*path, str(i)), lines) for i, v in enumerate(value))
-        if len(value) != len(args):
-            _fail(lines, path, f"expected {len(args)} items, got {len(value)}")
-        return tuple(_coerce(v, a, (*path, str(i)), lines) for i, (v, a) in enumerate(zip(value, args)))
+        return _coerce_tuple(value, typing.get_args(tp), path, lines)
     if origin is dict:
         if not isinstance(value, dict):
             _fail(lines, path, f"expected a mapping, got {value!r}")
-        return {str(k): _coerce(v, args[1], (*path, str(k)), lines) for k, v in value.items()}
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        _fail(lines, path, f"expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            _fail(lines, path, f"expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(float(value)) if float(value).is_integer() else int(value)
-            except ValueError:
-                pass
-        _fail(lines, path, f"expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            _fail(lines, path, f"expected a number, got {value!r}")
-        if isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        _fail(lines, path, f"expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
-        _fail(lines, path, f"expected a string, got {value!r}")
+        return {str(k): _coerce(v, typing.get_args(tp)[1], (*path, str(k)), lines) for k, v in value.items()}
+    if tp in _SCALARS:
+        return _SCALARS[tp](value, path, lines)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path, lines)
     raise TypeError(f"config type {tp!r} at {_dotted(path)} is not supported")
 
 
+def _coerce_union(value: Any, args: tuple[Any, ...], tp: Any, path: tuple[str, ...], lines: _Lines) -> Any:
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a, path, lines)
+        except ConfigError:
+            pass
+    _fail(lines, path, f"{value!r} is not a valid {tp}")
+
+
+def _coerce_tuple(value: Any, args: tuple[Any, ...], path: tuple[str, ...], lines: _Lines) -> tuple[Any, ...]:
+    if isinstance(value, str | int | float):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        _fail(lines, path, f"expected a list, got {value!r}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_coerce(v, args[0], (*path, str(i)), lines) for i, v in enumerate(value))
+    if len(value) != len(args):
+        _fail(lines, path, f"expected {len(args)} items, got {len(value)}")
+    return tuple(_coerce(v, a, (*path, str(i)), lines) for i, (v, a) in enumerate(zip(value, args)))
+
+
+def _coerce_bool(value: Any, path: tuple[str, ...], lines: _Lines) -> bool:
+    if isinstance(value, bool):
+        return value
+    _fail(lines, path, f"expected true or false, got {value!r}")
+
+
+def _coerce_int(value: Any, path: tuple[str, ...], lines: _Lines) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(float(value)) if float(value).is_integer() else int(value)
+        except ValueError:
+            pass
+    _fail(lines, path, f"expected an integer, got {value!r}")
+
+
+def _coerce_float(value: Any, path: tuple[str, ...], lines: _Lines) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    _fail(lines, path, f"expected a number, got {value!r}")
+
+
+def _coerce_str(value: Any, path: tuple[str, ...], lines: _Lines) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    _fail(lines, path, f"expected a string, got {value!r}")
+
+
+_SCALARS = {bool: _coerce_bool, int: _coerce_int, float: _coerce_float, str: _coerce_str}
+
+
 # ------------------------------------------------------------------------------------------ dumping
 def to_dict(obj: Any) -> Any:
-    """The resolved config as plain YAML-able data (every default spelled out)."""
+    """The resolved config as plain YAML-able data (every default spelled out; a callable given through the
+    Python API is written as ``module:qualname``)."""
     if isinstance(obj, Spec):
         out: dict[str, Any] = {"name": obj.name}
         if obj.kind in _WEIGHTED:
@@ -471,6 +512,10 @@ def to_dict(obj: Any) -> Any:
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
     if isinstance(obj, tuple | list):
         return [to_dict(v) for v in obj]
+    if callable(obj):
+        from groupwise.plugins import callable_ref
+
+        return callable_ref(obj)
     return obj
 
 

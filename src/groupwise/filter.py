@@ -1,7 +1,7 @@
 """Filters: which scored groups reach the update.
 
-Registry signature: ``factory(cfg) -> filter(groups, target, refill) -> (groups, metrics)`` where
-``refill(n)`` builds and scores ``n`` fresh groups (new problems) for dynamic sampling.
+Registry form: ``factory(cfg, env) -> Filter``, called as ``filter(groups, target, refill) -> (groups,
+metrics)`` where ``refill(n)`` builds and scores ``n`` fresh groups (new problems) for dynamic sampling.
 """
 
 from __future__ import annotations
@@ -9,11 +9,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from groupwise.registry import NoConfig, Registry
 from groupwise.types import Group
 
-FILTERS = Registry("filter", "factory(cfg) -> (groups, target, refill) -> (groups, metrics)")
+
+@runtime_checkable
+class Filter(Protocol):
+    """Keeps (and may refill up to ``target``) the groups that reach the advantage stage; returns its metrics."""
+
+    def __call__(self, groups: list[Group], target: int,
+                 refill: Callable[[int], list[Group]]) -> tuple[list[Group], dict[str, float]]: ...
+
+
+FILTERS = Registry("filter", Filter, "factory", ("cfg", "env"))
 
 
 def has_variance(group: Group) -> bool:
@@ -22,7 +32,7 @@ def has_variance(group: Group) -> bool:
 
 
 @FILTERS.register("none", config=NoConfig)
-def none(cfg: NoConfig):
+def none(cfg: NoConfig, env):
     def apply(groups: list[Group], target: int, refill: Callable[[int], list[Group]]):
         return groups, {}
 
@@ -43,7 +53,7 @@ class ZeroVarianceConfig:
 
 
 @FILTERS.register("zero_variance", config=ZeroVarianceConfig)
-def zero_variance(cfg: ZeroVarianceConfig):
+def zero_variance(cfg: ZeroVarianceConfig, env):
     """Drop groups with identical rewards (their GRPO advantages are all 0) and refill up to a cap.
 
     Logged: ``filter/zero_variance_frac`` (share of first-round groups dropped), ``filter/refill_rounds``,

@@ -1,29 +1,42 @@
 """One small registry type, used for every component kind.
 
-A registry maps a snake_case name (the paper acronym) to a builder and the frozen dataclass that
-configures it. Every member of one registry has the same call signature; the registry's docstring
-(``kind``) says what that signature is. Unknown names fail with the valid names and the closest match.
+A registry maps a snake_case name (the paper acronym) to a member and the frozen dataclass that configures
+it. Every member of one registry has the same form, and there are two forms, declared by the registry:
+
+  factory  ``factory(cfg, env: BuildEnv) -> component``: stateful or I/O-bound kinds (task, generator,
+           buffer, teacher, ...); ``env`` carries what exists when the component is built.
+  function ``fn(<input>, cfg) -> <output>``: the pure math kinds (advantage, loss, credit); building one
+           binds its config, so the bound component is ``fn(<input>)``.
+
+``Entry.build(cfg, env)`` is the one way every member of every kind is built; the result satisfies the
+kind's Protocol (``Registry.protocol``). Optional abilities are declared when a member is registered, never
+probed: ``stateful`` (``state_dict()`` / ``load_state_dict()``, checkpointed), ``reports`` (``metrics() ->
+dict[str, float]``, merged into each step's metrics), and for loss terms ``needs`` (inputs the update must
+compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the
+update may skip such rows). Unknown names fail with the valid names and the closest match.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import importlib
+import inspect
+import pkgutil
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 T = TypeVar("T")
+
+NEEDS = ("ref", "teacher", "teacher_topk", "teacher_vocab", "vocab")
+"""What a loss term may ask the update for: reference log-probs, the teacher's log-probs of the sampled
+tokens, its top-k support (+ tail mass) or full-vocabulary log-probs, and the student's own full-vocabulary
+log-probs (with grad)."""
 
 
 class ConfigError(ValueError):
     """A bad recipe, override or component name. The message is one line naming the key and what is allowed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry(Generic[T]):
-    name: str
-    obj: T
-    config: type
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,20 +44,84 @@ class NoConfig:
     """A component without knobs."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered member: the object as written, its config class and its declared abilities."""
+
+    kind: str
+    name: str
+    obj: T
+    config: type
+    form: Literal["factory", "function"]
+    stateful: bool = False
+    reports: bool = False
+    needs: tuple[str, ...] = ()
+    advantage_only: bool = False
+    label: Callable[[Any], str] | None = None
+    """``label(cfg)`` names the member's metrics (reward terms); default: the registered name."""
+
+    @property
+    def origin(self) -> str:
+        """The module that registered it (``groupwise.*`` for built-ins, else a plugin)."""
+        return getattr(self.obj, "__module__", "") or ""
+
+    def build(self, cfg: Any, env: Any = None) -> Any:
+        if self.form == "function":
+            return functools.partial(self.obj, cfg=cfg)
+        return self.obj(cfg, env)
+
+    def metric_name(self, cfg: Any) -> str:
+        return self.label(cfg) if self.label is not None else self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildEnv:
+    """What a factory may use, filled in as the pipeline is built (task first, then the model, then the rest).
+
+    ``initial_policy()`` returns a frozen, no-grad copy of the policy's initial weights, made once on first
+    use and shared (the KL reference and a ``frozen`` teacher are the same copy); ``encode(problem)`` gives
+    the prompt token ids the generator sees."""
+
+    run: Any
+    seed: int = 0
+    task: Any = None
+    policy: Any = None
+    tokenizer: Any = None
+    initial_policy: Callable[[], Any] | None = None
+    encode: Callable[[Any], Any] | None = None
+
+
 class Registry(Generic[T]):
-    def __init__(self, kind: str, signature: str):
-        self.kind = kind
-        self.signature = signature
+    """Members of one component kind. ``protocol`` is what a built member satisfies; ``params`` the names of
+    the member's parameters (checked at registration, so a wrong signature fails at import time)."""
+
+    def __init__(self, kind: str, protocol: type, form: Literal["factory", "function"], params: tuple[str, ...],
+                 optional: bool = False):
+        self.kind, self.protocol, self.form, self.params = kind, protocol, form, params
+        self.optional = optional  # a member may build to None (e.g. teacher 'none')
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, config: type = NoConfig) -> Callable[[T], T]:
+    @property
+    def signature(self) -> str:
+        out = "protocol " + self.protocol.__name__
+        return f"{'factory' if self.form == 'factory' else 'fn'}({', '.join(self.params)}) -> {out}"
+
+    def register(self, name: str, config: type = NoConfig, *, stateful: bool = False, reports: bool = False,
+                 needs: tuple[str, ...] = (), advantage_only: bool = False,
+                 label: Callable[[Any], str] | None = None) -> Callable[[T], T]:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"{self.kind} '{name}': config must be a dataclass, got {config!r}")
+        bad = [n for n in needs if n not in NEEDS]
+        if bad:
+            raise TypeError(f"{self.kind} '{name}': unknown needs {bad}; allowed: {', '.join(NEEDS)}")
 
         def deco(obj: T) -> T:
             if name in self._entries:
-                raise ValueError(f"{self.kind} '{name}' is registered twice")
-            self._entries[name] = Entry(name, obj, config)
+                raise ValueError(f"{self.kind} '{name}' is registered twice "
+                                 f"({self._entries[name].origin} and {getattr(obj, '__module__', '?')})")
+            _check_params(self, name, obj)
+            self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports, tuple(needs),
+                                        advantage_only, label)
             return obj
 
         return deco
@@ -61,10 +138,25 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def entries(self) -> list[Entry[T]]:
+        return [self._entries[n] for n in self.names()]
+
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
 
-def build(entry: Entry[Any], cfg: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a registered factory with its config (for kinds whose members are factories)."""
-    return entry.obj(cfg, *args, **kwargs)
+def _check_params(reg: Registry[Any], name: str, obj: Any) -> None:
+    try:
+        got = tuple(inspect.signature(obj).parameters)[:len(reg.params)]
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    if got != reg.params:
+        raise TypeError(f"{reg.kind} '{name}': a {reg.kind} {reg.form} takes ({', '.join(reg.params)}), "
+                        f"got ({', '.join(got)})")
+
+
+def import_members(package: str, path: list[str]) -> None:
+    """Import every module of a stage package (sorted), so that a new member is one new file there."""
+    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")

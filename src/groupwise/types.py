@@ -58,8 +58,9 @@ class Sample:
     correct: bool = False
     verifier_error: bool = False
     reward: float = 0.0
-    reward_terms: dict[str, float] = dataclasses.field(default_factory=dict)
-    advantage: float = 0.0
+    reward_terms: dict[str, float] = dataclasses.field(default_factory=dict)  # raw term values; NaN = not applicable
+    scored: bool = False  # set by the reward stage; the loop refuses unscored samples before the advantage stage
+    disqualified: str = ""  # a reason set by a builder: graded incorrect without calling the verifier
     # Behaviour-policy log-probs for the PPO ratio. None means on-policy: the ratio's denominator is the
     # current policy's detached log-prob, so no extra forward pass is needed.
     old_logprobs: Tensor | None = None
@@ -121,19 +122,68 @@ class ScoredBatch:
         return out
 
 
-@dataclasses.dataclass
-class TokenBatch:
-    """All training rows of a step, flattened, with token-aligned tensors: the input of credit assignment.
+@dataclasses.dataclass(frozen=True)
+class Replayed:
+    """A stored group a replay buffer returns for this step, with the sequence advantages it was trained on
+    (``[G]``, the buffer's own record); its samples carry behaviour log-probs in ``old_logprobs``."""
 
-    Row order is group-major (group 0's samples, then group 1's, ...). ``advantages`` starts as each
-    row's sequence advantage broadcast over its tokens; credit components rewrite it.
+    group: Group
+    advantages: Tensor  # [G] float64
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBatch:
+    """All training rows of a step, flattened, with token-aligned tensors: from the advantage stage to the loss.
+
+    Row order is group-major: the fresh groups' samples, then the replayed groups'. ``advantages`` starts as
+    each row's sequence advantage broadcast over its loss tokens and ``loss_weights`` as 1 on loss tokens (0
+    elsewhere); credit components return a copy with either rewritten (``dataclasses.replace``), and every
+    loss term's per-token loss is multiplied by ``loss_weights`` before reduction.
     """
 
     samples: list[Sample]
+    problems: list[Problem]  # [B], the problem of each row
     group_index: Tensor  # [B] long
+    replayed: Tensor  # [B] bool
     completion_ids: Tensor  # [B, T] long (pad 0)
     completion_mask: Tensor  # [B, T] bool: real tokens that carry loss
-    advantages: Tensor  # [B, T] float
+    advantages: Tensor  # [B, T] float32
+    loss_weights: Tensor  # [B, T] float32
+
+    @staticmethod
+    def build(groups: list[Group], adv: Tensor, replayed: list[Replayed] = ()) -> TokenBatch:
+        """Rows of ``groups`` (advantages ``adv`` [N, G]) then of ``replayed`` (their stored advantages)."""
+        all_groups = [(g, adv[i]) for i, g in enumerate(groups)] + [(r.group, r.advantages) for r in replayed]
+        rows = [(gi, g, s, a[j]) for gi, (g, a) in enumerate(all_groups) for j, s in enumerate(g.samples)]
+        b, t = len(rows), max((s.length for _, _, s, _ in rows), default=1)
+        ids = torch.zeros(b, t, dtype=torch.long)
+        mask = torch.zeros(b, t, dtype=torch.bool)
+        advantages = torch.zeros(b, t)
+        for k, (_, _, s, a) in enumerate(rows):
+            ids[k, :s.length] = s.completion_ids
+            mask[k, :s.length] = s.loss_mask
+            advantages[k, :s.length] = a.float() * s.loss_mask.float()
+        fresh = sum(len(g.samples) for g in groups)
+        return TokenBatch(samples=[s for *_, s, _ in rows], problems=[g.problem for _, g, _, _ in rows],
+                          group_index=torch.tensor([gi for gi, *_ in rows], dtype=torch.long),
+                          replayed=torch.arange(b) >= fresh, completion_ids=ids, completion_mask=mask,
+                          advantages=advantages, loss_weights=mask.float())
+
+
+@dataclasses.dataclass
+class TeacherOutput:
+    """A teacher's view of the student's sampled tokens, completion-aligned like the student's ``logprobs``.
+
+    All log-probs are of the teacher's temperature-scaled distribution over the full vocabulary (logits / T,
+    no top-p / top-k renormalisation), the convention of the trainer's own ``logprobs``, so a ratio or a
+    divergence between the two is never biased by a truncated support. Padded positions hold 0.
+    """
+
+    logprobs: Tensor  # [B, T] teacher log-prob of each sampled token
+    topk_ids: Tensor | None = None  # [B, T, K] the teacher's K most likely tokens
+    topk_logprobs: Tensor | None = None  # [B, T, K] their log-probs
+    tail_logprob: Tensor | None = None  # [B, T] log(1 − Σ_k p_k), the mass outside the top K
+    vocab_logprobs: Tensor | None = None  # [B, T, V] the whole distribution
 
 
 @dataclasses.dataclass
@@ -145,10 +195,17 @@ class LossInputs:
     advantages: Tensor
     completion_mask: Tensor  # bool
     rollout_logprobs: Tensor  # NaN where unknown
+    loss_weights: Tensor | None = None  # [B, T]; the update multiplies every term's per-token loss by it
     ref_logprobs: Tensor | None = None
-    teacher_logprobs: Tensor | None = None
+    teacher: TeacherOutput | None = None  # when a term needs "teacher*"
+    vocab_logprobs: Tensor | None = None  # [B, T, V] current policy, with grad, when a term needs "vocab"
     entropy: Tensor | None = None  # detached full-vocabulary entropy per token
     samples: list[Sample] = dataclasses.field(default_factory=list)
+    problems: list[Problem] = dataclasses.field(default_factory=list)
+
+    @property
+    def teacher_logprobs(self) -> Tensor | None:
+        return None if self.teacher is None else self.teacher.logprobs
 
 
 @dataclasses.dataclass

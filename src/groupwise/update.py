@@ -1,28 +1,34 @@
 """The update: micro-batching by token budget, step-global normalisation, backward, clip, optimizer step.
 
-One RL step = ``ppo_epochs`` optimizer steps over all its rows. Rows are sorted by length and packed into
-micro-batches under ``micro_batch_tokens`` (padded prompt + completion tokens), each padded only to its
-own widths. Rows whose advantages are all zero are skipped when every active loss term is
-``advantage_only`` (its loss and gradient vanish where A = 0, as for ``ppo_clip``): they still count in
-the step's denominators, so the update is identical, minus their forward and backward passes (GRPO's
-zero-variance groups are often half the batch). ``old_logprobs`` cost no forward pass: on-policy rows use the current policy's detached
-log-probs from the first epoch's forward (the weights have not moved yet, so ρ = 1 exactly); rows that
-carry stored behaviour log-probs (replay) use those. The reference model runs only when a ``needs=("ref",)``
-term has non-zero weight, the teacher only when a ``needs=("teacher",)`` term does.
+One RL step = ``ppo_epochs`` optimizer steps over all rows of the step's ``TokenBatch``. Rows are sorted by
+length and packed into micro-batches under ``micro_batch_tokens`` (padded prompt + completion tokens), each
+padded only to its own widths. A row is skipped (no forward, no backward) when it can carry no loss: all its
+loss weights are 0, or every active loss term is ``advantage_only`` and its advantages are all 0 (GRPO's
+zero-variance groups are often half the batch). Skipped rows still count in the step's denominators, so the
+update is identical, minus their passes. ``old_logprobs`` cost no forward pass: on-policy rows use the current
+policy's detached log-probs from the first epoch's forward (the weights have not moved yet, so ρ = 1
+exactly); rows that carry stored behaviour log-probs (replay) use those. The reference model runs only when a
+``needs=("ref",)`` term has non-zero weight, the teacher only when a ``needs=("teacher*",)`` term does (its
+outputs are computed in the first epoch and reused by later ones: the teacher's weights at the step's start).
+Every term's per-token loss is multiplied by ``TokenBatch.loss_weights`` before reduction.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from groupwise.config import LossConfig, OptimConfig
+from groupwise.config import OptimConfig, RunConfig
 from groupwise.losses.reduce import Normalizer, reduce
-from groupwise.models.forward import completion_logprobs, pack
-from groupwise.types import LossInputs, Sample
+from groupwise.models.forward import Packed, completion_logprobs, pack
+from groupwise.registry import Entry
+from groupwise.teachers import TeacherWant
+from groupwise.types import LossInputs, LossTerms, Sample, TeacherOutput, TokenBatch
 
 
 def plan_micro_batches(samples: list[Sample], token_budget: int) -> list[list[int]]:
@@ -52,104 +58,178 @@ def pad_rows(rows: list[Tensor], width: int, fill: float) -> Tensor:
     return out
 
 
-@dataclasses.dataclass
-class Learner:
-    """The trainable policy with its optimizer; ``step`` performs one RL step's update."""
+@dataclasses.dataclass(frozen=True)
+class BoundLoss:
+    """A built loss term with its weight and its entry's declared needs / advantage_only."""
 
-    policy: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    loss_cfg: LossConfig
-    optim_cfg: OptimConfig
-    pad_id: int
+    name: str
+    weight: float
+    fn: Callable[[LossInputs], LossTerms]
+    entry: Entry
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSettings:
+    reduction: str
+    optim: OptimConfig
     temperature: float
     max_completion_tokens: int
-    ref: torch.nn.Module | None = None
-    teacher: object | None = None
+    pad_id: int
 
-    def terms(self) -> list:
-        return [s for s in self.loss_cfg.terms if s.weight != 0]
 
-    def needs(self, what: str) -> bool:
-        return any(what in getattr(s.cfg, "needs", ()) for s in self.terms())
+class Sums:
+    """Step metrics as (sum, count) pairs plus summed loss shares: exact whatever the micro-batch split."""
 
-    def step(self, samples: list[Sample], advantages: list[Tensor], problems: list | None = None) -> dict[str, float]:
-        dev = next(self.policy.parameters()).device
-        masks = [s.loss_mask for s in samples]
-        norm = Normalizer.from_masks(masks, float(self.max_completion_tokens))
-        inert = all(getattr(s.cfg, "advantage_only", False) for s in self.terms())
-        active = [i for i, a in enumerate(advantages) if not (inert and not bool(a.any()))]
-        plan = [[active[j] for j in mb] for mb in
-                plan_micro_batches([samples[i] for i in active], self.optim_cfg.micro_batch_tokens)]
-        sums: dict[str, list[float]] = {}  # metric -> [sum, count] over the whole step
-        losses: dict[str, float] = {}  # micro-batch values are exact shares of the step's loss: they add up
-        first_epoch_old: dict[int, Tensor] = {}
-        skipped = 0.0
-        self.policy.train()
-        for epoch in range(self.optim_cfg.ppo_epochs):
-            for mb in plan:
-                rows = [samples[i] for i in mb]
-                packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], self.pad_id, dev)
-                t = packed.completion_ids.shape[1]
-                logprobs, entropy, _ = completion_logprobs(self.policy, packed, self.temperature, with_entropy=True)
-                mask = pad_rows([s.loss_mask for s in rows], t, False).to(dev) & packed.completion_mask
-                old = torch.empty_like(logprobs)
-                for k, (i, s) in enumerate(zip(mb, rows)):
-                    if s.old_logprobs is not None:
-                        old[k, :s.length] = s.old_logprobs.to(dev)
-                        old[k, s.length:] = 0.0
-                    else:
-                        if epoch == 0:
-                            first_epoch_old[i] = logprobs[k].detach()
-                        old[k] = first_epoch_old[i]
-                inp = LossInputs(
-                    logprobs=logprobs, old_logprobs=old.detach(),
-                    advantages=pad_rows([advantages[i] for i in mb], t, 0.0).to(dev).float(),
-                    completion_mask=mask, rollout_logprobs=pad_rows([s.rollout_logprobs for s in rows], t, math.nan).to(dev),
-                    ref_logprobs=self._ref(packed) if self.needs("ref") else None,
-                    teacher_logprobs=(self.teacher.logprobs(rows, [problems[i] for i in mb])
-                                      if self.needs("teacher") and self.teacher is not None else None),
-                    entropy=entropy, samples=rows)
-                total = logprobs.new_zeros(())
-                for spec in self.terms():
-                    out = spec.entry()(inp, spec.cfg)
-                    value = reduce(out.per_token, mask, norm, self.loss_cfg.reduction)
-                    total = total + spec.weight * value
-                    losses[f"loss/{spec.name}"] = losses.get(f"loss/{spec.name}", 0.0) + value.item()
-                    for k, (s_, c_) in out.metrics.items():
-                        _add(sums, k, s_, c_)
-                losses["loss/total"] = losses.get("loss/total", 0.0) + total.item()
-                _add(sums, "policy/entropy", float((entropy * mask).sum()), float(mask.sum()))
-                total.backward()
-            for p in self.policy.parameters():  # a step with no trained rows is a zero-gradient step
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.policy.parameters(), self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf"))
-            if torch.isfinite(grad_norm):
-                self.optimizer.step()
-            else:
-                skipped += 1
-            self.optimizer.zero_grad(set_to_none=True)
-            _add(sums, "update/grad_norm", float(grad_norm), 1.0)
-        self.scheduler.step()
-        out = {k: (s / c if c else 0.0) for k, (s, c) in sums.items()}
-        out.update({k: v / self.optim_cfg.ppo_epochs for k, v in losses.items()})
-        out.update({"update/micro_batches": float(len(plan)), "update/skipped_rows": float(len(samples) - len(active)), "update/nonfinite_skipped": skipped,
-                    "optim/lr": float(self.scheduler.get_last_lr()[0]), "update/loss_tokens": norm.tokens})
+    def __init__(self) -> None:
+        self.pairs: dict[str, list[float]] = {}
+        self.losses: dict[str, float] = {}
+
+    def add(self, key: str, s: float, c: float) -> None:
+        acc = self.pairs.setdefault(key, [0.0, 0.0])
+        acc[0] += s
+        acc[1] += c
+
+    def loss(self, key: str, value: float) -> None:
+        self.losses[key] = self.losses.get(key, 0.0) + value
+
+    def metrics(self, epochs: int) -> dict[str, float]:
+        out = {k: (s / c if c else 0.0) for k, (s, c) in self.pairs.items()}
+        out.update({k: v / epochs for k, v in self.losses.items()})
         return out
 
+
+class Learner:
+    """The trainable policy with its optimizer; ``step(batch)`` performs one RL step's update."""
+
+    def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                 terms: list[BoundLoss], settings: UpdateSettings, ref: torch.nn.Module | None = None,
+                 teacher: Any = None, teacher_top_k: int = 0):
+        self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
+        self.terms = [t for t in terms if t.weight != 0]  # a zero-weight term costs nothing and loads nothing
+        self.settings, self.ref, self.teacher = settings, ref, teacher
+        self.needs = {n for t in self.terms for n in t.entry.needs}
+        self.want = TeacherWant(top_k=teacher_top_k if "teacher_topk" in self.needs else 0,
+                                vocab="teacher_vocab" in self.needs)
+        self.inert = all(t.entry.advantage_only for t in self.terms)
+
+    @staticmethod
+    def from_config(policy: torch.nn.Module, cfg: RunConfig, pad_id: int, ref: torch.nn.Module | None = None,
+                    teacher: Any = None) -> Learner:
+        """A learner for ``cfg``'s loss terms, optimizer and rollout settings."""
+        optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.trainer.steps)
+        settings = UpdateSettings(cfg.loss.reduction, cfg.optim, cfg.rollout.temperature,
+                                  cfg.rollout.max_completion_tokens, pad_id)
+        top_k = getattr(cfg.teacher.cfg, "top_k", 0)  # teacher configs without a top_k have no top-k support
+        return Learner(policy, optimizer, scheduler, bind_losses(cfg), settings, ref, teacher, top_k)
+
+    def active_rows(self, batch: TokenBatch) -> list[int]:
+        """Rows that can carry loss (see the module docstring)."""
+        weighted = (batch.loss_weights * batch.completion_mask).ne(0).any(-1)  # [B]
+        if self.inert:
+            weighted &= batch.advantages.ne(0).any(-1)
+        return torch.nonzero(weighted).flatten().tolist()
+
+    def step(self, batch: TokenBatch) -> dict[str, float]:
+        o = self.settings.optim
+        norm = Normalizer.from_masks(list(batch.completion_mask), float(self.settings.max_completion_tokens))
+        active = self.active_rows(batch)
+        plan = [[active[j] for j in mb] for mb in
+                plan_micro_batches([batch.samples[i] for i in active], o.micro_batch_tokens)]
+        sums, first_old, teacher_cache = Sums(), {}, {}
+        skipped = 0.0
+        self.policy.train()
+        for _ in range(o.ppo_epochs):
+            for k, mb in enumerate(plan):
+                inp = self.inputs(batch, mb, first_old, teacher_cache if o.ppo_epochs > 1 else {}, k)
+                self.loss(inp, norm, sums).backward()
+            skipped += self.optimizer_step(sums)
+        self.scheduler.step()
+        out = sums.metrics(o.ppo_epochs)
+        out.update({"update/micro_batches": float(len(plan)), "update/skipped_rows": float(len(batch.samples) - len(active)),
+                    "update/nonfinite_skipped": skipped, "optim/lr": float(self.scheduler.get_last_lr()[0]),
+                    "update/loss_tokens": norm.tokens, "update/policy_forwards": float(len(plan) * o.ppo_epochs),
+                    "update/ref_forwards": float(len(plan) * o.ppo_epochs if "ref" in self.needs else 0)})
+        return out
+
+    def inputs(self, batch: TokenBatch, mb: list[int], first_old: dict[int, Tensor],
+               teacher_cache: dict[int, TeacherOutput], k: int) -> LossInputs:
+        """Everything the loss terms of micro-batch ``mb`` read (one policy forward, plus ref / teacher)."""
+        dev = next(self.policy.parameters()).device
+        rows = [batch.samples[i] for i in mb]
+        packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], self.settings.pad_id, dev)
+        t = packed.completion_ids.shape[1]
+        fwd = completion_logprobs(self.policy, packed, self.settings.temperature, with_entropy=True,
+                                  with_vocab="vocab" in self.needs)
+        old = torch.empty_like(fwd.logprobs)
+        for j, (i, s) in enumerate(zip(mb, rows)):
+            if s.old_logprobs is not None:
+                old[j, :s.length] = s.old_logprobs.to(dev)
+                old[j, s.length:] = 0.0
+            else:
+                old[j] = first_old.setdefault(i, fwd.logprobs[j].detach())
+        problems = [batch.problems[i] for i in mb]
+        return LossInputs(
+            logprobs=fwd.logprobs, old_logprobs=old.detach(), advantages=batch.advantages[mb, :t].to(dev).float(),
+            completion_mask=batch.completion_mask[mb, :t].to(dev) & packed.completion_mask,
+            rollout_logprobs=pad_rows([s.rollout_logprobs for s in rows], t, math.nan).to(dev),
+            loss_weights=batch.loss_weights[mb, :t].to(dev), ref_logprobs=self._ref(packed),
+            teacher=self._teacher(rows, problems, teacher_cache, k), vocab_logprobs=fwd.vocab_logprobs,
+            entropy=fwd.entropy, samples=rows, problems=problems)
+
+    def loss(self, inp: LossInputs, norm: Normalizer, sums: Sums) -> Tensor:
+        """Σ_k w_k · reduce(loss_weights · per_token_k); records each term's share and metrics."""
+        total = inp.logprobs.new_zeros(())
+        for term in self.terms:
+            out = term.fn(inp)
+            value = reduce(out.per_token * inp.loss_weights, inp.completion_mask, norm, self.settings.reduction)
+            total = total + term.weight * value
+            sums.loss(f"loss/{term.name}", value.item())
+            for key, (s, c) in out.metrics.items():
+                sums.add(key, s, c)
+        sums.loss("loss/total", total.item())
+        mask = inp.completion_mask
+        sums.add("policy/entropy", float((inp.entropy * mask).sum()), float(mask.sum()))
+        return total
+
+    def optimizer_step(self, sums: Sums) -> float:
+        """Clip and step (a non-finite gradient skips the step); returns 1.0 if it was skipped."""
+        for p in self.policy.parameters():  # a step with no trained rows is a zero-gradient step
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        clip = self.settings.optim.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip if clip > 0 else float("inf"))
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums.add("update/grad_norm", float(grad_norm), 1.0)
+        return 0.0 if finite else 1.0
+
     @torch.no_grad()
-    def _ref(self, packed) -> Tensor:
+    def _ref(self, packed: Packed) -> Tensor | None:
+        if "ref" not in self.needs:
+            return None
         assert self.ref is not None, "a loss term needs the reference model but none was loaded"
-        lp, _, _ = completion_logprobs(self.ref, packed, self.temperature)
-        return lp
+        return completion_logprobs(self.ref, packed, self.settings.temperature).logprobs
+
+    def _teacher(self, rows: list[Sample], problems: list, cache: dict[int, TeacherOutput],
+                 k: int) -> TeacherOutput | None:
+        if not self.needs & {"teacher", "teacher_topk", "teacher_vocab"}:
+            return None
+        assert self.teacher is not None, "a loss term needs a teacher but teacher is 'none'"
+        if k not in cache:
+            cache[k] = self.teacher.score(rows, problems, self.want)
+        return cache[k]
 
 
-def _add(sums: dict[str, list[float]], key: str, s: float, c: float) -> None:
-    acc = sums.setdefault(key, [0.0, 0.0])
-    acc[0] += s
-    acc[1] += c
+def bind_losses(cfg: RunConfig) -> list[BoundLoss]:
+    from groupwise.catalog import registry
+
+    out = []
+    for spec in cfg.loss.terms:
+        entry = registry("loss").get(spec.name)
+        out.append(BoundLoss(spec.name, spec.weight, entry.build(spec.cfg), entry))
+    return out
 
 
 def build_optimizer(policy: torch.nn.Module, cfg: OptimConfig, total_steps: int):

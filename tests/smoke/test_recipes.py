@@ -9,7 +9,8 @@ import pytest
 from groupwise.config import load
 from groupwise.drivers.trainer import train
 
-RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
+ROOT = Path(__file__).parents[2]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 SMOKE = ["trainer.steps=2", "trainer.save_every=1", "trainer.threads=1", "trainer.progress=false",
          "trainer.sinks=[jsonl]", "rollout.prompts_per_step=2", "rollout.max_completion_tokens=24",
          "model.warm_start_steps=15", "eval.n_problems=4", "eval.k=2", "eval.before=false"]
@@ -22,6 +23,7 @@ def test_there_are_recipes():
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipe_trains_two_steps(recipe, tmp_path, monkeypatch):
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path.parent.parent / "groupwise-cache"))
+    monkeypatch.chdir(ROOT)  # recipes name example files relative to the repository root
     cfg = load(recipe, [*SMOKE, f"out_dir={tmp_path}"])
     if cfg.rollout.group_size > 8:  # keep smoke runs small, but never below what a recipe's method needs
         cfg = load(recipe, [*SMOKE, f"out_dir={tmp_path}", "rollout.group_size=8"])

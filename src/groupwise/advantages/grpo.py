@@ -2,10 +2,11 @@
 
 Conventions (pinned in tests/unit/advantages/test_grpo.py, stated in docs/conventions.md):
   grpo     A_i = (r_i - mean_g r) / (std_g r + eps), std with ddof=1 and eps=1e-4 (TRL's choice);
-           a zero-variance group gives 0; a singleton group gives 0 (no spread, no baseline).
+           a zero-variance group gives exactly 0, also with eps = 0 (decided by the rewards being all equal,
+           not by a float std, which round-off makes ~1e-17 for six rewards of 0.1); a singleton gives 0.
   dr_grpo  A_i = r_i - mean_g r  (arXiv:2503.20783, "Understanding R1-Zero-Like Training").
   rloo     A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g r)  (arXiv:2402.14740); singleton -> 0.
-Padded entries get 0.
+Constant groups and padded entries get exactly 0 from all three.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from groupwise.advantages import ADVANTAGES
-from groupwise.advantages.stats import group_count, group_mean, group_std
+from groupwise.advantages.stats import group_centred, group_constant, group_count, group_std
 from groupwise.registry import NoConfig
 from groupwise.types import ScoredBatch
 
@@ -36,16 +37,15 @@ class GRPOConfig:
 @ADVANTAGES.register("grpo", config=GRPOConfig)
 def grpo(batch: ScoredBatch, cfg: GRPOConfig) -> Tensor:
     r, m = batch.rewards, batch.mask
-    centred = (r - group_mean(r, m)) * m
+    centred = group_centred(r, m)
     std = group_std(r, m, cfg.ddof)
-    # zero-variance and singleton groups give exactly 0 (also with eps = 0, where 0/0 would be NaN)
-    return torch.where(std > 0, centred / (std + cfg.eps).clamp(min=1e-300), torch.zeros_like(centred))
+    spread = ~group_constant(r, m) & (std > 0)  # with eps = 0, 0/0 would be NaN
+    return torch.where(spread, centred / (std + cfg.eps).clamp(min=1e-300), torch.zeros_like(centred))
 
 
 @ADVANTAGES.register("dr_grpo", config=NoConfig)
 def dr_grpo(batch: ScoredBatch, cfg: NoConfig) -> Tensor:
-    r, m = batch.rewards, batch.mask
-    return (r - group_mean(r, m)) * m
+    return group_centred(batch.rewards, batch.mask)
 
 
 @ADVANTAGES.register("rloo", config=NoConfig)
@@ -53,4 +53,4 @@ def rloo(batch: ScoredBatch, cfg: NoConfig) -> Tensor:
     r, m = batch.rewards, batch.mask
     n = group_count(m)
     scale = n / (n - 1).clamp(min=1)
-    return (r - group_mean(r, m)) * scale * m * (n > 1)
+    return group_centred(r, m) * scale * (n > 1)

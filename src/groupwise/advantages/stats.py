@@ -14,6 +14,21 @@ def group_mean(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum(-1, keepdim=True) / group_count(mask).clamp(min=1)  # [N, 1]
 
 
+def group_constant(x: Tensor, mask: Tensor) -> Tensor:
+    """[N, 1] True where a group's real entries are all equal (or it has fewer than two): no spread at all.
+
+    Decided on the values themselves, not on a computed std: six rewards of 0.1 have a float mean that is not
+    exactly 0.1, so their std is ~1e-17, not 0, and would pass a ``std > 0`` test."""
+    hi = torch.where(mask, x, torch.full_like(x, -torch.inf)).amax(-1, keepdim=True)
+    lo = torch.where(mask, x, torch.full_like(x, torch.inf)).amin(-1, keepdim=True)
+    return (hi <= lo) | (group_count(mask) < 2)
+
+
+def group_centred(x: Tensor, mask: Tensor) -> Tensor:
+    """x − mean per group on real entries; exactly 0 in constant groups and on padding. [N, G]"""
+    return torch.where(group_constant(x, mask), torch.zeros_like(x), (x - group_mean(x, mask)) * mask)
+
+
 def group_std(x: Tensor, mask: Tensor, ddof: int = 1) -> Tensor:
     """Masked std per group; groups with ``count <= ddof`` get 0 (no spread can be measured)."""
     n = group_count(mask)

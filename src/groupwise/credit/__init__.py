@@ -1,11 +1,25 @@
-"""Token-level credit assignment: rewrite the per-token advantages of a step's rows.
+"""Token-level credit assignment: rewrite the per-token advantages and loss weights of a step's rows.
 
-Registry signature: ``fn(batch: TokenBatch, cfg) -> Tensor[B, T]`` (the new ``batch.advantages``).
-Components run in the order listed in ``credit:``; with none, each row's sequence advantage is broadcast
-over its tokens (plain GRPO). Method components (drift shaping, reward redistribution, graph edges,
-distillation gates) register here.
+Registry form (pure functions): ``fn(batch: TokenBatch, cfg) -> TokenBatch``, a copy with ``advantages``
+and/or ``loss_weights`` rewritten (``dataclasses.replace``). Components run in the order listed in
+``credit:``; with none, each row's sequence advantage is broadcast over its loss tokens and every loss token
+weighs 1 (plain GRPO). Drift shaping, reward redistribution, graph-edge advantages and per-token loss
+weights (``mode_token_weight``) register here.
 """
 
-from groupwise.registry import Registry
+from __future__ import annotations
 
-CREDIT = Registry("credit", "fn(batch: TokenBatch, cfg) -> Tensor[B, T]")
+from typing import Protocol, runtime_checkable
+
+from groupwise.registry import Registry, import_members
+from groupwise.types import TokenBatch
+
+
+@runtime_checkable
+class Credit(Protocol):
+    def __call__(self, batch: TokenBatch) -> TokenBatch: ...
+
+
+CREDIT = Registry("credit", Credit, "function", ("batch", "cfg"))
+
+import_members(__name__, __path__)

@@ -1,4 +1,11 @@
-"""Build every component of a run from its config, once; shared by all drivers."""
+"""Build every component of a run from its config, once: the typed ``Pipeline`` every driver runs.
+
+``build(cfg)`` resolves each ``Spec`` through the catalogue (``catalog.build``) into a bound object, one field
+per stage, each typed by its stage's Protocol; nothing on the hot path looks a name up again. Declared
+abilities (``Entry.stateful`` / ``Entry.reports``) decide which parts are checkpointed and which report
+metrics. Build order: the task, the model (and, when a checkpoint is given, its weights; the initial
+weights stay available as ``env.initial_policy()`` for the KL reference and a frozen teacher), then the rest.
+"""
 
 from __future__ import annotations
 
@@ -12,21 +19,29 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from groupwise import catalog
+from groupwise.advantages import Advantage, AdvantageTransform
 from groupwise.config import RunConfig
+from groupwise.credit import Credit
+from groupwise.filter import Filter
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import load_model, load_pretrained
-from groupwise.rewards.scorer import Scorer
-from groupwise.rollout.base import RolloutContext, SamplingParams
-from groupwise.tasks.base import render_prompt, stable_seed
-from groupwise.types import Group, Problem, Sample
-from groupwise.update import Learner, build_optimizer
+from groupwise.registry import BuildEnv, Entry
+from groupwise.replay import Buffer
+from groupwise.rewards.stage import RewardStage, bind_terms
+from groupwise.rollout.base import Generator, GroupBuilder, GroupTransform, RolloutContext, SamplingParams
+from groupwise.select import Selector
+from groupwise.tasks.base import Task, render_prompt, stable_seed
+from groupwise.teachers import Teacher, TeacherWant
+from groupwise.types import Problem, Sample, TeacherOutput
+from groupwise.update import Learner
 
 
 class CountingGenerator:
     """Wraps a Generator and counts what it does: completion ``tokens``, ``prompt_tokens`` and ``seconds``
     (reset by the driver each step)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: Generator):
         self.inner = inner
         self.reset()
 
@@ -45,25 +60,65 @@ class CountingGenerator:
         self.inner.sync_weights(model)
 
 
+class CountingTeacher:
+    """Wraps a Teacher and counts its passes per step: ``teacher/forwards``, ``rows``, ``tokens``, ``seconds``."""
+
+    def __init__(self, inner: Teacher):
+        self.inner = inner
+        self.counts = dict.fromkeys(("forwards", "rows", "tokens", "seconds"), 0.0)
+
+    def score(self, samples: list[Sample], problems: list[Problem], want: TeacherWant) -> TeacherOutput:
+        t0 = time.perf_counter()
+        out = self.inner.score(samples, problems, want)
+        c = self.counts
+        c["forwards"] += 1
+        c["rows"] += len(samples)
+        c["tokens"] += sum(s.length for s in samples)
+        c["seconds"] += time.perf_counter() - t0
+        return out
+
+    def on_step(self, step: int, policy) -> None:
+        self.inner.on_step(step, policy)
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"teacher/{k}": v for k, v in self.counts.items()}
+        self.counts = dict.fromkeys(self.counts, 0.0)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A built component, the key its state is checkpointed under, and its entry (declared abilities)."""
+
+    key: str
+    obj: Any
+    entry: Entry
+
+
 @dataclasses.dataclass
-class Components:
+class Pipeline:
+    """Every stage of one policy's run, bound (see ``trainer.rl_step`` for the order they run in)."""
+
     cfg: RunConfig
-    task: Any
+    task: Task
     policy: torch.nn.Module
     tokenizer: Any
-    generator: Any
-    scorer: Scorer
-    builder: Any
-    transforms: list[Any]
-    filter: Any
-    buffer: Any
-    selector: Any
-    teacher: Any
+    selector: Selector
+    generator: CountingGenerator
+    builder: GroupBuilder
+    transforms: list[GroupTransform]
+    reward: RewardStage
+    filter: Filter
+    advantage: Advantage
+    advantage_transforms: list[AdvantageTransform]
+    replay: Buffer
+    credit: list[Credit]
+    teacher: CountingTeacher | None
     learner: Learner
+    parts: list[Part]
 
     def encode(self, problem: Problem) -> Tensor:
-        text = render_prompt(problem, self.tokenizer, self.cfg.model.chat_template)
-        return torch.tensor(self.tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
+        return encode(problem, self.tokenizer, self.cfg.model.chat_template)
 
     @torch.no_grad()
     def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
@@ -75,8 +130,8 @@ class Components:
         for i in range(0, len(samples), 64):
             chunk = samples[i:i + 64]
             packed = pack([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
-                          self.learner.pad_id, dev)
-            lp, _, _ = completion_logprobs(self.policy, packed, self.cfg.rollout.temperature)
+                          self.learner.settings.pad_id, dev)
+            lp = completion_logprobs(self.policy, packed, self.cfg.rollout.temperature).logprobs
             out += [lp[k, :s.length].cpu() for k, s in enumerate(chunk)]
         self.policy.train(was)
         return out
@@ -91,56 +146,79 @@ class Components:
 
         return RolloutContext(
             generator=self.generator, tokenizer=self.tokenizer, task=self.task,
-            score=lambda groups: self.scorer(groups, step),
+            score=lambda groups: self.reward(groups, step),
             params=SamplingParams(r.max_completion_tokens, r.temperature, r.top_p, r.stop),
             group_size=r.group_size, step=step, rng=rng, encode=self.encode,
             policy_logprobs=self.policy_logprobs, model=self.policy, eos_id=self.tokenizer.eos_token_id)
 
-    def build_groups(self, problems: list[Problem], ctx: RolloutContext) -> list[Group]:
-        groups = self.builder(problems, ctx)
-        for transform in self.transforms:
-            groups = transform(groups, ctx)
-        return groups
-
-    def parts(self) -> dict[str, Any]:
-        """Every stateful-capable component, by a stable name (reward terms included)."""
-        return {"selector": self.selector, "buffer": self.buffer, "builder": self.builder, "teacher": self.teacher,
-                **{f"transform{i}": t for i, t in enumerate(self.transforms)},
-                **{f"reward{i}/{name}": term for i, (name, _, term) in enumerate(self.scorer.terms)}}
+    def stateful(self) -> dict[str, Any]:
+        """Components whose state is checkpointed, by key (those registered ``stateful=True``)."""
+        return {p.key: p.obj for p in self.parts if p.entry.stateful}
 
     def component_metrics(self) -> dict[str, float]:
-        """Metrics that components expose through an optional ``metrics() -> dict`` (e.g. a control loop)."""
+        """Metrics of the parts registered ``reports=True``, the reward stage's failure counts and the
+        teacher's pass counts."""
         out: dict[str, float] = {}
-        for part in self.parts().values():
-            if hasattr(part, "metrics"):
-                out.update(part.metrics())
+        for p in self.parts:
+            if p.entry.reports:
+                out.update(p.obj.metrics())
+        out.update(self.reward.metrics())
+        if self.teacher is not None:
+            out.update(self.teacher.metrics())
         return out
 
-    def stateful(self) -> dict[str, Any]:
-        """Components whose state is checkpointed (by name)."""
-        return {k: v for k, v in self.parts().items() if hasattr(v, "state_dict")}
+
+def encode(problem: Problem, tokenizer, chat_template: bool = True) -> Tensor:
+    text = render_prompt(problem, tokenizer, chat_template)
+    return torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
 
 
-def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Components:
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
-    task = cfg.task.entry()(cfg.task.cfg, cfg.seed)
-    policy, tokenizer = load_model(cfg.model, task, progress)
-    ref = None
-    if any("ref" in getattr(s.cfg, "needs", ()) for s in cfg.loss.terms if s.weight != 0):
-        ref = copy.deepcopy(policy).eval().requires_grad_(False)  # the initial policy, also after a resume
+def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress) -> tuple[Any, Any, Any]:
+    """(policy, tokenizer, initial_policy()): the initial weights are kept (as a frozen copy, made on first
+    use) also when the policy is resumed from a checkpoint."""
+    first, tokenizer = load_model(cfg.model, task, progress)
+    policy = first
     if checkpoint is not None:
         policy, tokenizer = load_pretrained(checkpoint / "model", cfg.model.dtype, cfg.model.device)
-    generator = CountingGenerator(cfg.rollout.generator.entry()(cfg.rollout.generator.cfg, policy, tokenizer))
-    teacher = cfg.teacher.entry()(cfg.teacher.cfg, policy, tokenizer)
-    optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.trainer.steps)
-    learner = Learner(policy, optimizer, scheduler, cfg.loss, cfg.optim,
-                      tokenizer.pad_token_id, cfg.rollout.temperature, cfg.rollout.max_completion_tokens, ref,
-                      teacher)
-    return Components(
-        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, generator=generator,
-        scorer=Scorer(task, cfg.reward.terms, cfg.reward.verifier_timeout_s),
-        builder=cfg.rollout.builder.entry()(cfg.rollout.builder.cfg),
-        transforms=[t.entry()(t.cfg) for t in cfg.rollout.transforms],
-        filter=cfg.filter.entry()(cfg.filter.cfg), buffer=cfg.replay.entry()(cfg.replay.cfg),
-        selector=cfg.select.entry()(cfg.select.cfg, task, cfg.seed), teacher=teacher, learner=learner)
+    frozen: list[torch.nn.Module] = []
+
+    def initial_policy() -> torch.nn.Module:
+        if not frozen:
+            frozen.append((copy.deepcopy(first) if first is policy else first).eval().requires_grad_(False))
+        return frozen[0]
+
+    return policy, tokenizer, initial_policy
+
+
+def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Pipeline:
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress)
+    env = BuildEnv(run=cfg, seed=cfg.seed, task=task, policy=policy, tokenizer=tokenizer, initial_policy=initial,
+                   encode=lambda p: encode(p, tokenizer, cfg.model.chat_template))
+    parts: list[Part] = []
+
+    def make(key: str, spec) -> Any:
+        entry = catalog.registry(spec.kind).get(spec.name)
+        obj = entry.build(spec.cfg, env)
+        parts.append(Part(key, obj, entry))
+        return obj
+
+    selector, builder = make("selector", cfg.select), make("builder", cfg.rollout.builder)
+    transforms = [make(f"transform{i}", t) for i, t in enumerate(cfg.rollout.transforms)]
+    terms = bind_terms(cfg.reward.terms, env)
+    parts += [Part(f"reward{i}/{t.entry.name}", t.term, t.entry) for i, t in enumerate(terms)]
+    filter_, buffer = make("filter", cfg.filter), make("buffer", cfg.replay)
+    teacher = make("teacher", cfg.teacher)
+    counted = CountingTeacher(teacher) if teacher is not None else None
+    needs = {n for t in cfg.loss.terms if t.weight != 0 for n in catalog.registry("loss").get(t.name).needs}
+    learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, initial() if "ref" in needs else None,
+                                  counted)
+    return Pipeline(
+        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
+        generator=CountingGenerator(catalog.build(cfg.rollout.generator, env)), builder=builder,
+        transforms=transforms, reward=RewardStage(task, terms, cfg.reward.verifier_timeout_s), filter=filter_,
+        advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
+        replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
+        parts=parts)

@@ -1,8 +1,11 @@
-"""Per-step metrics computed from the step's groups (rollout, reward and advantage stages)."""
+"""Per-step metrics computed from the step's groups (rollout and reward stages) and advantages."""
 
 from __future__ import annotations
 
+import math
 import statistics
+
+from torch import Tensor
 
 from groupwise.filter import has_variance
 from groupwise.types import Group
@@ -24,8 +27,18 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
         "rollout/groups": float(len(groups)),
         "rollout/samples": float(len(samples)),
         "adv/zero_std_group_frac": statistics.fmean(not has_variance(g) for g in groups),
-        "adv/abs_mean": statistics.fmean(abs(s.advantage) for s in samples),
     }
-    for name in samples[0].reward_terms:
-        m[f"reward/{name}"] = statistics.fmean(s.reward_terms.get(name, 0.0) for s in samples)
+    for name in samples[0].reward_terms:  # a term's mean over the samples it applies to (not None / NaN)
+        values = [v for s in samples if not math.isnan(v := s.reward_terms.get(name, math.nan))]
+        if values:
+            m[f"reward/{name}"] = statistics.fmean(values)
+        if len(values) < len(samples):
+            m[f"reward/{name}_none_frac"] = 1.0 - len(values) / len(samples)
     return m
+
+
+def advantage_metrics(adv: Tensor, mask: Tensor) -> dict[str, float]:
+    """Over the fresh samples that reach the update (replayed rows keep their stored advantages)."""
+    if not bool(mask.any()):
+        return {}
+    return {"adv/abs_mean": float(adv.abs()[mask].mean())}

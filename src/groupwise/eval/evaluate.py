@@ -2,7 +2,8 @@
 
 Returns (metrics, records). Metrics, all prefixed ``eval/``: ``mean_at_k`` (Mean@k, the average correctness
 of the k samples), ``pass_at_1``, ``pass_at_k``, ``maj_at_k``, ``greedy_acc``, ``format_frac``,
-``len_mean``, ``len_median``, ``len_p90``, ``len_correct_mean``, ``truncated_frac``, and per difficulty d
+``len_mean``, ``len_median``, ``len_p90``, ``len_correct_mean``, ``truncated_frac``, ``verifier_error_frac``
+(verifier exceptions and timeouts, which score incorrect), and per difficulty d
 ``mean_at_k/d<d>`` and ``len_mean/d<d>``. Records are one dict per sample (problem id, difficulty, greedy flag,
 text, answer, correct, length, finish reason) for method-specific diagnostics.
 """
@@ -15,17 +16,18 @@ from collections import defaultdict
 import torch
 
 from groupwise.eval.metrics import majority_correct, pass_at_k
-from groupwise.rewards.scorer import call_with_timeout
+from groupwise.rewards.stage import call_with_timeout
 from groupwise.rollout.base import Request, SamplingParams
 from groupwise.tasks.base import stable_seed
 from groupwise.types import Problem
 
 
-def _correct(task, problem: Problem, text: str, timeout_s: float) -> bool:
+def _correct(task, problem: Problem, text: str, timeout_s: float) -> tuple[bool, bool]:
+    """(correct, verifier_error): a crashing or timed-out verifier scores the sample incorrect, counted."""
     try:
-        return bool(call_with_timeout(lambda: task.verify(problem, text), timeout_s))
-    except Exception:  # noqa: BLE001 - a crashing verifier scores the sample incorrect
-        return False
+        return bool(call_with_timeout(lambda: task.verify(problem, text), timeout_s)), False
+    except Exception:  # noqa: BLE001 - counted in eval/verifier_error_frac, never fatal
+        return False, True
 
 
 def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: int, temperature: float,
@@ -41,8 +43,9 @@ def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: 
         for i, p in enumerate(problems):
             for c in outs[i * n:(i + 1) * n]:
                 text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
+                correct, error = _correct(task, p, text, timeout_s)
                 records.append({"id": p.id, "difficulty": p.difficulty, "greedy": kind == "greedy", "text": text,
-                                "answer": task.extract_answer(text), "correct": _correct(task, p, text, timeout_s),
+                                "answer": task.extract_answer(text), "correct": correct, "verifier_error": error,
                                 "format": bool(task.format_ok(text)), "length": int(c.completion_ids.numel()),
                                 "finish_reason": c.finish_reason})
     return summarize(records, k), records
@@ -70,6 +73,7 @@ def summarize(records: list[dict], k: int) -> dict[str, float]:
         m["eval/len_p90"] = float(lengths[min(len(lengths) - 1, int(0.9 * len(lengths)))])
         m["eval/len_correct_mean"] = statistics.fmean(correct_lengths) if correct_lengths else 0.0
         m["eval/truncated_frac"] = statistics.fmean(r["finish_reason"] == "length" for r in sampled)
+        m["eval/verifier_error_frac"] = statistics.fmean(r.get("verifier_error", False) for r in records)
         for d in sorted({r["difficulty"] for r in sampled}):
             rows = [r for r in sampled if r["difficulty"] == d]
             m[f"eval/mean_at_k/d{d}"] = statistics.fmean(r["correct"] for r in rows)

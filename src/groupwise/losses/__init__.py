@@ -1,12 +1,25 @@
 """Losses: per-token terms, weighted and summed; ``reduce.py`` is the only place denominators live.
 
-Registry signature: ``fn(inp: LossInputs, cfg) -> LossTerms`` (a [B, T] per-token loss + metrics).
-A term's config may declare ``needs = ("ref",)`` or ``("teacher",)``; the update then computes reference or
-teacher log-probs (and only then: a zero-weight term is skipped and loads nothing).
+Registry form (pure functions): ``fn(inp: LossInputs, cfg) -> LossTerms`` (a [B, T] per-token loss +
+metrics). What a term reads beyond the policy's log-probs is declared at registration: ``needs`` (``ref``,
+``teacher``, ``teacher_topk``, ``teacher_vocab``, ``vocab``; the update computes those, and only for terms
+with non-zero weight) and ``advantage_only`` (the loss and its gradient vanish where A = 0, so the update
+skips rows whose advantages are all zero when every active term says so).
 """
 
-from groupwise.registry import Registry
+from __future__ import annotations
 
-LOSSES = Registry("loss", "fn(inp: LossInputs, cfg) -> LossTerms")
+from typing import Protocol, runtime_checkable
 
-from groupwise.losses import kl, paft, ppo_clip  # noqa: E402,F401  (registration)
+from groupwise.registry import Registry, import_members
+from groupwise.types import LossInputs, LossTerms
+
+
+@runtime_checkable
+class LossTerm(Protocol):
+    def __call__(self, inp: LossInputs) -> LossTerms: ...
+
+
+LOSSES = Registry("loss", LossTerm, "function", ("inp", "cfg"))
+
+import_members(__name__, __path__)

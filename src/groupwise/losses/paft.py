@@ -14,7 +14,6 @@ Metric ``loss/paft_nll``: the token-mean NLL of the rows being fine-tuned (w > 0
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 from groupwise.losses import LOSSES
 from groupwise.losses.reduce import masked_sum_count
@@ -23,15 +22,13 @@ from groupwise.types import LossInputs, LossTerms
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PAFTLossConfig:
-    advantage_only: ClassVar[bool] = True  # the loss is −A·log π: zero where the resampling weight A is 0
-
     def check(self, run) -> None:
         if run.advantage.name != "paft":
             raise ValueError(f"loss 'paft' fine-tunes on the 'paft' advantage's resampling weights, but "
                              f"advantage is '{run.advantage.name}'; set advantage: paft")
 
 
-@LOSSES.register("paft", config=PAFTLossConfig)
+@LOSSES.register("paft", config=PAFTLossConfig, advantage_only=True)  # −A·log π: zero where A is 0
 def paft(inp: LossInputs, cfg: PAFTLossConfig) -> LossTerms:
     per_token = -inp.advantages * inp.logprobs
     picked = inp.completion_mask & (inp.advantages > 0)

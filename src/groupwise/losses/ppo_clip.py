@@ -11,7 +11,6 @@ Metrics: ``loss/clip_frac_low`` (A<0, ρ<1−clip_low), ``loss/clip_frac_high`` 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import torch
 
@@ -24,14 +23,13 @@ from groupwise.types import LossInputs, LossTerms
 class PPOClipConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
-    advantage_only: ClassVar[bool] = True  # loss and gradient are 0 where A = 0 (lets the update skip rows)
 
     def __post_init__(self) -> None:
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"clip_low={self.clip_low} must be in [0, 1) and clip_high={self.clip_high} >= 0")
 
 
-@LOSSES.register("ppo_clip", config=PPOClipConfig)
+@LOSSES.register("ppo_clip", config=PPOClipConfig, advantage_only=True)  # loss and grad are 0 where A = 0
 def ppo_clip(inp: LossInputs, cfg: PPOClipConfig) -> LossTerms:
     log_ratio = inp.logprobs - inp.old_logprobs
     ratio = torch.exp(log_ratio)

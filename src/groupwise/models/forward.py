@@ -8,6 +8,7 @@ Position ids count real tokens only, so padding never shifts a row's positions.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -38,13 +39,25 @@ def pack(prompts: list[Tensor], completions: list[Tensor], pad_id: int, device: 
     return Packed(ids.to(device), attn.to(device), pos.to(device), ids[:, p:].to(device), comp_mask.to(device), p)
 
 
+@dataclasses.dataclass
+class Forward:
+    """What one teacher-forced pass gives, completion-aligned: ``logprobs`` [B, T] of the sampled tokens (with
+    grad if enabled), and on request ``entropy`` [B, T] (detached, full vocabulary), ``vocab_logprobs``
+    [B, T, V] (the whole temperature-scaled log-softmax, with grad if enabled) and the model ``output``."""
+
+    logprobs: Tensor
+    entropy: Tensor | None = None
+    vocab_logprobs: Tensor | None = None
+    output: Any = None
+
+
 def completion_logprobs(model: torch.nn.Module, packed: Packed, temperature: float = 1.0,
-                        with_entropy: bool = False, output_attentions: bool = False):
-    """Per-token log-probs [B, T] of the packed completions (with grad if enabled), optional entropy [B, T]
-    (detached, full vocabulary) and the model output (for attentions).
+                        with_entropy: bool = False, output_attentions: bool = False,
+                        with_vocab: bool = False) -> Forward:
+    """Per-token log-probs of the packed completions (see ``Forward``).
 
     Logits are divided by ``temperature`` so that log-probs match the sampling distribution (TRL and verl do
-    the same). Padded positions hold 0.
+    the same); no top-p / top-k truncation is applied. Padded positions hold 0.
     """
     t = packed.completion_ids.shape[1]
     out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
@@ -56,9 +69,11 @@ def completion_logprobs(model: torch.nn.Module, packed: Packed, temperature: flo
     logz = torch.logsumexp(logits, dim=-1)  # [B, T]
     logprobs = logits.gather(-1, packed.completion_ids.unsqueeze(-1)).squeeze(-1) - logz
     logprobs = logprobs.masked_fill(~packed.completion_mask, 0.0)
-    entropy = None
+    fwd = Forward(logprobs, output=out)
     if with_entropy:
         with torch.no_grad():
             logp = logits - logz.unsqueeze(-1)
-            entropy = -(logp.exp() * logp).sum(-1).masked_fill(~packed.completion_mask, 0.0)
-    return logprobs, entropy, out
+            fwd.entropy = -(logp.exp() * logp).sum(-1).masked_fill(~packed.completion_mask, 0.0)
+    if with_vocab:
+        fwd.vocab_logprobs = (logits - logz.unsqueeze(-1)).masked_fill(~packed.completion_mask.unsqueeze(-1), 0.0)
+    return fwd

@@ -83,7 +83,7 @@ def sft(preset: str, task, cfg: ModelConfig, progress=None):
         completions = [torch.tensor(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
                        for _, text in examples]
         packed = pack(prompts, completions, tokenizer.pad_token_id)
-        logprobs, _, _ = completion_logprobs(model, packed)
+        logprobs = completion_logprobs(model, packed).logprobs
         loss = -(logprobs * packed.completion_mask).sum() / packed.completion_mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -1,30 +1,45 @@
 """Replay buffers: stored scored groups mixed into the fresh batch.
 
-Registry signature: ``factory(cfg) -> Buffer``. A Buffer implements
-
-  ``sample(step, ctx) -> list[Group]``  groups to replay this step (never ones added at ``step``); each
-      carries its stored advantages in ``Sample.advantage`` and behaviour log-probs in
-      ``Sample.old_logprobs``; ``ctx.policy_logprobs`` gives one teacher-forced pass of the current policy
-  ``add(groups, step)``                 offer the step's fresh groups (after the update)
-  ``metrics() -> dict``, ``state_dict()``, ``load_state_dict(state)`` (checkpointed)
+Registry form: ``factory(cfg, env) -> Buffer`` (every buffer is ``stateful``: its store is checkpointed).
+The fresh stream is never changed: a buffer only appends stored groups to the step's update.
 """
 
 from __future__ import annotations
 
-from groupwise.registry import NoConfig, Registry
+from typing import Any, Protocol, runtime_checkable
 
-BUFFERS = Registry("replay buffer", "factory(cfg) -> Buffer")
+from torch import Tensor
+
+from groupwise.registry import NoConfig, Registry, import_members
+from groupwise.types import Group, Replayed
+
+
+@runtime_checkable
+class Buffer(Protocol):
+    """``sample(step, ctx)`` -> stored groups to replay this step (never ones added at ``step``), each with
+    the sequence advantages it was stored with and behaviour log-probs in ``Sample.old_logprobs``;
+    ``ctx.policy_logprobs`` is one teacher-forced pass of the current policy, the only model call a buffer
+    should make. ``add(groups, advantages, step)`` offers the step's fresh groups and their advantages
+    ``[N, G]`` after the update."""
+
+    def sample(self, step: int, ctx: Any) -> list[Replayed]: ...
+
+    def add(self, groups: list[Group], advantages: Tensor, step: int) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+BUFFERS = Registry("replay buffer", Buffer, "factory", ("cfg", "env"))
 
 
 class NoReplay:
-    def sample(self, step, ctx):
+    def sample(self, step: int, ctx: Any) -> list[Replayed]:
         return []
 
-    def add(self, groups, step) -> None:
+    def add(self, groups: list[Group], advantages: Tensor, step: int) -> None:
         pass
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     def state_dict(self) -> dict:
         return {}
@@ -33,9 +48,9 @@ class NoReplay:
         pass
 
 
-@BUFFERS.register("none", config=NoConfig)
-def none(cfg: NoConfig) -> NoReplay:
+@BUFFERS.register("none", config=NoConfig, stateful=True)
+def none(cfg: NoConfig, env) -> NoReplay:
     return NoReplay()
 
 
-from groupwise.replay import basic, hdr  # noqa: E402,F401  (registration)
+import_members(__name__, __path__)

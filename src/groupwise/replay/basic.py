@@ -1,7 +1,7 @@
 """Replay buffers ``fifo`` (naive replay) and ``random``, and the group store they share with ``hdr``.
 
 Stage: replay (protocol in ``replay/__init__.py``). The engine calls ``sample(step, ctx)`` after the fresh
-groups got their advantages and ``add(fresh_groups, step)`` after the update, so the fresh stream is never
+groups got their advantages and ``add(fresh_groups, advantages, step)`` after the update, so the fresh stream is never
 changed: a buffer only appends stored groups to the step's update.
 
 Store (shared by every buffer here and by ``hdr``):
@@ -9,15 +9,15 @@ Store (shared by every buffer here and by ``hdr``):
             (the HDR paper's rule, arXiv:2609.03941 Phase A), ``mixed_correct`` = the answer-correctness bit
             not all equal (the paper's answer-based indicator for multi-component rewards, where a format or
             length term makes almost every group "mixed").
-  storage   a copy of the group (tensors cloned) with the step that produced it; its samples keep their
-            sequence advantage (``Sample.advantage``, as trained on in that step, after advantage transforms)
-            and generator log-probs (``rollout_logprobs`` = log π_gen at the sampling temperature).
+  storage   a copy of the group (tensors cloned) with the step that produced it, the sequence advantages
+            its samples were trained on in that step (after advantage transforms; the buffer's own record)
+            and their generator log-probs (``rollout_logprobs`` = log π_gen at the sampling temperature).
   eviction  FIFO: beyond ``capacity`` groups the oldest insertions go first; with ``max_age`` > 0 a group
             older than that many steps is dropped before sampling (a safety valve).
   budget    K_rep = ``replay_groups`` if set, else round(``replay_ratio`` × fresh groups offered by the last
             ``add``) with ratio 0.5 by default (the paper's "fresh 256 + replay 128"; the spec counts groups).
-  replay    a copy with ``replayed=True``; each sample carries its stored advantage and behaviour log-probs
-            ``old_logprobs`` = stored π_gen (the true behaviour policy, so the PPO ratio is π_θ/π_gen).
+  replay    a ``Replayed`` copy (``replayed=True``) with its stored advantages; each sample carries
+            behaviour log-probs ``old_logprobs`` = stored π_gen (the true behaviour policy, so the PPO ratio is π_θ/π_gen).
             Tokens without a generator log-prob (NaN: text an editor wrote) get the current policy's, i.e.
             ratio 1, from one teacher-forced pass over just those samples; otherwise no model call is made.
   never     a group is never replayed in the step that produced it (``stored step < step``).
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from groupwise.replay import BUFFERS
-from groupwise.types import Group, Problem, Sample
+from groupwise.types import Group, Problem, Replayed, Sample
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,16 +94,20 @@ def behaviour_logprobs(stored: Tensor, current: Tensor | None) -> Tensor:
     return torch.where(torch.isfinite(stored), stored, current.to(stored.dtype))
 
 
-def replay_copy(group: Group, old_logprobs: list[Tensor], age: int) -> Group:
-    """The group as replayed: a copy with ``replayed=True`` and behaviour log-probs in ``old_logprobs``."""
+def replay_copy(entry: Entry, old_logprobs: list[Tensor], age: int) -> Replayed:
+    """The group as replayed: a copy with ``replayed=True``, behaviour log-probs in ``old_logprobs`` and the
+    stored advantages."""
+    group = entry.group
     samples = [dataclasses.replace(s, old_logprobs=lp, reward_terms=dict(s.reward_terms), meta=dict(s.meta))
                for s, lp in zip(group.samples, old_logprobs)]
-    return dataclasses.replace(group, samples=samples, replayed=True, meta={**group.meta, "replay_age": age})
+    copy = dataclasses.replace(group, samples=samples, replayed=True, meta={**group.meta, "replay_age": age})
+    return Replayed(copy, torch.tensor(entry.advantages, dtype=torch.float64))
 
 
 @dataclasses.dataclass
 class Entry:
     group: Group  # the stored copy
+    advantages: list[float]  # [G] the sequence advantages its samples were trained on
     step: int  # the step that produced it (age = step now - this)
     index: int  # insertion counter: FIFO order and the recency tie-break
     headroom: float = 0.0  # cached group headroom (used by hdr)
@@ -134,16 +138,18 @@ class GroupStore:
     def eligible(self, step: int) -> list[Entry]:
         return [e for e in self.entries if e.step < step]  # never the step that produced the group
 
-    def add(self, groups: list[Group], step: int, headroom=None) -> list[Entry]:
-        """Store the groups that pass ingress (``headroom(group)`` seeds the hdr cache); return the new."""
+    def add(self, groups: list[Group], advantages: Tensor, step: int, headroom=None) -> list[Entry]:
+        """Store the groups that pass ingress with their advantages ``[N, G]`` (``headroom(group, advantages)``
+        seeds the hdr cache); return the new entries."""
         self.last_fresh = len(groups)
         new = []
-        for g in groups:
+        for i, g in enumerate(groups):
             if not mixed(g, self.cfg.ingress):
                 continue
             stored = dataclasses.replace(g, samples=[_stored_sample(s) for s in g.samples], replayed=False,
                                          meta=dict(g.meta))
-            new.append(Entry(stored, step, self.inserted, headroom(stored) if headroom else 0.0))
+            adv = [float(a) for a in advantages[i, :len(g.samples)]]
+            new.append(Entry(stored, adv, step, self.inserted, headroom(stored, adv) if headroom else 0.0))
             self.inserted += 1
         self.entries += new
         overflow = max(len(self.entries) - self.cfg.capacity, 0)
@@ -152,12 +158,12 @@ class GroupStore:
         return new
 
     def state_dict(self) -> dict:
-        return {"entries": [{"group": group_state(e.group), "step": e.step, "index": e.index,
-                             "headroom": e.headroom} for e in self.entries],
+        return {"entries": [{"group": group_state(e.group), "advantages": list(e.advantages), "step": e.step,
+                             "index": e.index, "headroom": e.headroom} for e in self.entries],
                 "inserted": self.inserted, "last_fresh": self.last_fresh}
 
     def load_state_dict(self, state: dict) -> None:
-        self.entries = [Entry(group_from_state(e["group"]), e["step"], e["index"], e["headroom"])
+        self.entries = [Entry(group_from_state(e["group"]), e["advantages"], e["step"], e["index"], e["headroom"])
                         for e in state["entries"]]
         self.inserted, self.last_fresh = state["inserted"], state["last_fresh"]
 
@@ -182,7 +188,7 @@ class SimpleReplay:
         self._m: dict[str, float] = {}
         self._replay_tokens = 0
 
-    def sample(self, step: int, ctx) -> list[Group]:
+    def sample(self, step: int, ctx) -> list[Replayed]:
         before = self.store.evicted
         self.store.drop_old(step)
         pool = self.store.eligible(step)
@@ -195,19 +201,19 @@ class SimpleReplay:
         unknown = [s for e in chosen for s in e.group.samples
                    if not bool(torch.isfinite(s.rollout_logprobs).all())]
         current = dict(zip(map(id, unknown), ctx.policy_logprobs(unknown))) if unknown else {}
-        out = [replay_copy(e.group, [behaviour_logprobs(s.rollout_logprobs, current.get(id(s)))
-                                     for s in e.group.samples], step - e.step) for e in chosen]
+        out = [replay_copy(e, [behaviour_logprobs(s.rollout_logprobs, current.get(id(s)))
+                               for s in e.group.samples], step - e.step) for e in chosen]
         self._m = {"replay/buffer_size": float(len(self.store.entries)),
                    "replay/budget": float(self.store.budget()),
                    "replay/groups": float(len(out)), "replay/evicted": float(self.store.evicted - before)}
         if out:
             self._m["replay/age_mean"] = sum(step - e.step for e in chosen) / len(chosen)
-        self._replay_tokens = sum(loss_tokens(g) for g in out)
+        self._replay_tokens = sum(loss_tokens(r.group) for r in out)
         return out
 
-    def add(self, groups: list[Group], step: int) -> None:
+    def add(self, groups: list[Group], advantages: Tensor, step: int) -> None:
         before = self.store.evicted
-        new = self.store.add(groups, step)
+        new = self.store.add(groups, advantages, step)
         finish_add_metrics(self._m, groups, new, self.store, self.store.evicted - before, self._replay_tokens)
         self._replay_tokens = 0
 
@@ -231,11 +237,11 @@ def finish_add_metrics(m: dict[str, float], fresh: list[Group], new: list[Entry]
     m["replay/evicted"] = m.get("replay/evicted", 0.0) + evicted
 
 
-@BUFFERS.register("fifo", config=StoreConfig)
-def fifo(cfg: StoreConfig) -> SimpleReplay:
+@BUFFERS.register("fifo", config=StoreConfig, stateful=True, reports=True)
+def fifo(cfg: StoreConfig, env) -> SimpleReplay:
     return SimpleReplay(cfg, "fifo")
 
 
-@BUFFERS.register("random", config=StoreConfig)
-def random(cfg: StoreConfig) -> SimpleReplay:
+@BUFFERS.register("random", config=StoreConfig, stateful=True, reports=True)
+def random(cfg: StoreConfig, env) -> SimpleReplay:
     return SimpleReplay(cfg, "random")

@@ -4,7 +4,7 @@ Primitive for Principled Replay Control in GRPO", COLM 2026).
 Stage: replay. The fresh GRPO batch is left untouched; HDR appends at most K_rep stored groups, ranked by
 headroom (how much probability movement their stored advantages still ask for) and admitted only if their
 drift (how far the policy moved on their tokens since generation) is small. With T(g) the group's response
-tokens that carry loss and have a generator log-prob, A_i the stored advantage of sample i:
+tokens that carry loss and have a generator log-prob, A_i the stored advantage of sample i (the buffer's record):
 
   token headroom   h_ij(π; g) = 1 − π(a_ij|s_ij) if A_i > 0;  π(a_ij|s_ij) if A_i < 0;  0 if A_i = 0
   group headroom   H(g; π) = (1/|T(g)|) Σ_(i,j)∈T(g) h_ij(π; g)                        (in [0, 1])
@@ -62,7 +62,7 @@ from groupwise.replay.basic import (
     loss_tokens,
     replay_copy,
 )
-from groupwise.types import Group
+from groupwise.types import Group, Replayed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,21 +98,22 @@ def group_drift(logprobs: Tensor, rollout_logprobs: Tensor) -> float:
     return float(((logprobs - rollout_logprobs) ** 2).mean()) if logprobs.numel() else 0.0
 
 
-def group_tokens(group: Group, logprobs: list[Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def group_tokens(group: Group, advantages: list[float],
+                 logprobs: list[Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """T(g) flattened over the group's samples (float64): (log π_gen, log π given or π_gen, sign(A_i))."""
     gen, cur, sign = [], [], []
-    for i, s in enumerate(group.samples):
+    for i, (s, adv) in enumerate(zip(group.samples, advantages)):
         keep = s.loss_mask & torch.isfinite(s.rollout_logprobs)  # [T]
         gen.append(s.rollout_logprobs[keep].double())
         cur.append((logprobs[i] if logprobs is not None else s.rollout_logprobs)[keep].double())
-        a = 1.0 if s.advantage > 0 else (-1.0 if s.advantage < 0 else 0.0)
+        a = 1.0 if adv > 0 else (-1.0 if adv < 0 else 0.0)
         sign.append(torch.full((int(keep.sum()),), a, dtype=torch.float64))
     return torch.cat(gen), torch.cat(cur), torch.cat(sign)
 
 
-def reference_headroom(group: Group) -> float:
+def reference_headroom(group: Group, advantages: list[float]) -> float:
     """H(g; π_gen) from the stored generator log-probs: the cache value of a newly stored group."""
-    gen, _, sign = group_tokens(group)
+    gen, _, sign = group_tokens(group, advantages)
     return group_headroom(gen, sign)
 
 
@@ -129,7 +130,7 @@ class HDR:
         self._m: dict[str, float] = {}
         self._replay_tokens = 0
 
-    def sample(self, step: int, ctx) -> list[Group]:
+    def sample(self, step: int, ctx) -> list[Replayed]:
         evicted = self.store.evicted
         self.store.drop_old(step)
         k = self.store.budget()
@@ -145,20 +146,20 @@ class HDR:
             for e in chunk:
                 cur = current[row:row + len(e.group.samples)]
                 row += len(e.group.samples)
-                gen, lp, sign = group_tokens(e.group, cur)
+                gen, lp, sign = group_tokens(e.group, e.advantages, cur)
                 h, d = group_headroom(lp, sign), group_drift(lp, gen)
                 e.headroom = h  # cache refresh, admitted or not
                 ok = d <= self.cfg.tau
                 scanned.append((step - e.step, h, d, ok))
                 if ok:
                     admitted.append((e, cur))
-        out = [replay_copy(e.group, [self._old(s.rollout_logprobs, c) for s, c in zip(e.group.samples, cur)],
+        out = [replay_copy(e, [self._old(s.rollout_logprobs, c) for s, c in zip(e.group.samples, cur)],
                            step - e.step) for e, cur in admitted]
-        self._replay_tokens = sum(loss_tokens(g) for g in out)
+        self._replay_tokens = sum(loss_tokens(r.group) for r in out)
         self._m = self._scan_metrics(scanned, k)
         self._m["replay/evicted"] = float(self.store.evicted - evicted)
         if out:
-            self._m["replay/age_mean"] = sum(g.meta["replay_age"] for g in out) / len(out)
+            self._m["replay/age_mean"] = sum(r.group.meta["replay_age"] for r in out) / len(out)
         return out
 
     def _old(self, stored: Tensor, current: Tensor) -> Tensor:
@@ -182,14 +183,15 @@ class HDR:
                 m[f"replay/accept_rate_{b}"] = sum(hits) / len(hits)
         return m
 
-    def add(self, groups: list[Group], step: int) -> None:  # Phase E
+    def add(self, groups: list[Group], advantages: Tensor, step: int) -> None:  # Phase E
         evicted = self.store.evicted
-        new = self.store.add(groups, step, headroom=reference_headroom)
+        new = self.store.add(groups, advantages, step, headroom=reference_headroom)
         finish_add_metrics(self._m, groups, new, self.store, self.store.evicted - evicted,
                            self._replay_tokens)
         self._replay_tokens = 0
         if groups:
-            self._m["replay/headroom_fresh"] = sum(map(reference_headroom, groups)) / len(groups)
+            self._m["replay/headroom_fresh"] = sum(reference_headroom(g, [float(a) for a in advantages[i, :len(g.samples)]])
+                                                   for i, g in enumerate(groups)) / len(groups)
         if new:
             self._m["replay/headroom_ingress"] = sum(e.headroom for e in new) / len(new)
 
@@ -203,6 +205,6 @@ class HDR:
         self.store.load_state_dict(state["store"])
 
 
-@BUFFERS.register("hdr", config=HDRConfig)
-def hdr(cfg: HDRConfig) -> HDR:
+@BUFFERS.register("hdr", config=HDRConfig, stateful=True, reports=True)
+def hdr(cfg: HDRConfig, env) -> HDR:
     return HDR(cfg)

@@ -1,12 +1,29 @@
-"""Rewards: verifier correctness, format, and method-specific shaping, combined by weight.
+"""Rewards: verifier correctness, format, method-specific shaping and users' own functions, combined by weight.
 
-Registry signature: ``factory(cfg, task) -> RewardTerm``; a RewardTerm is called as
-``term(groups, step) -> list[list[float]]`` (one value per sample, group-major) after the verifier has
-set ``Sample.correct``. Stateful terms also expose ``state_dict()`` / ``load_state_dict()`` (checkpointed).
+Registry form: ``factory(cfg, env) -> RewardTerm`` (``env.task``). The reward stage (``rewards/stage.py``,
+owned by the loop) verifies every sample, then calls each term as ``term(groups, step)``, which returns one
+value per sample, group-major; ``None`` means "not applicable" (the term adds nothing to that sample's
+reward and is left out of its metric). Terms with state declare ``stateful=True`` (checkpointed), terms with
+metrics ``reports=True``; a term's metric name is ``reward/<label>`` (the registered name unless the entry
+declares a ``label``, e.g. ``python`` uses the user function's name).
 """
 
-from groupwise.registry import Registry
+from __future__ import annotations
 
-REWARDS = Registry("reward", "factory(cfg, task) -> term(groups, step) -> list[list[float]]")
+from typing import Protocol, runtime_checkable
 
-from groupwise.rewards import acoer, basic, length_penalty, rouge_l, think_mode  # noqa: E402,F401  (registration)
+from groupwise.registry import Registry, import_members
+from groupwise.types import Group
+
+
+@runtime_checkable
+class RewardTerm(Protocol):
+    """``term(groups, step)`` -> one float (or None) per sample, in group order, after verification has set
+    ``Sample.correct``. It must not change the groups; an exception is counted per term and never fatal."""
+
+    def __call__(self, groups: list[Group], step: int) -> list[list[float | None]]: ...
+
+
+REWARDS = Registry("reward", RewardTerm, "factory", ("cfg", "env"))
+
+import_members(__name__, __path__)

@@ -169,6 +169,6 @@ class ACOER:
         return out
 
 
-@REWARDS.register("acoer", config=ACOERConfig)
-def acoer(cfg: ACOERConfig, task) -> ACOER:
+@REWARDS.register("acoer", config=ACOERConfig, stateful=True, reports=True)
+def acoer(cfg: ACOERConfig, env) -> ACOER:
     return ACOER(cfg)

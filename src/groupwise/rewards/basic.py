@@ -17,10 +17,10 @@ def per_sample(fn):
 
 
 @REWARDS.register("correctness", config=NoConfig)
-def correctness(cfg: NoConfig, task):
+def correctness(cfg: NoConfig, env):
     return per_sample(lambda s, p: s.correct)
 
 
 @REWARDS.register("format", config=NoConfig)
-def format_(cfg: NoConfig, task):
-    return per_sample(lambda s, p: task.format_ok(s.text))
+def format_(cfg: NoConfig, env):
+    return per_sample(lambda s, p: env.task.format_ok(s.text))

@@ -32,7 +32,7 @@ class LengthPenaltyConfig:
 
 
 @REWARDS.register("length_penalty", config=LengthPenaltyConfig)
-def length_penalty(cfg: LengthPenaltyConfig, task):
+def length_penalty(cfg: LengthPenaltyConfig, env):
     def term(groups: list[Group], step: int) -> list[list[float]]:
         return [[float(s.correct) - cfg.coef * s.length / cfg.max_length for s in g.samples] for g in groups]
 

@@ -42,6 +42,6 @@ def scorer(units: str):
 
 
 @REWARDS.register("rouge_l", config=RougeLConfig)
-def rouge_l(cfg: RougeLConfig, task):
+def rouge_l(cfg: RougeLConfig, env):
     sc = scorer(cfg.units)
     return per_sample(lambda s, p: sc.score(p.reference, s.text)["rougeL"].fmeasure if p.reference else 0.0)

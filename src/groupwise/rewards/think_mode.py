@@ -65,7 +65,7 @@ class ThinkModeRewardConfig:
 
 
 @REWARDS.register("think_mode", config=ThinkModeRewardConfig)
-def think_mode(cfg: ThinkModeRewardConfig, task):
+def think_mode(cfg: ThinkModeRewardConfig, env):
     params = {f"<{m}>": (getattr(cfg, f"base_{m.lower()}"), getattr(cfg, f"gamma_{m.lower()}")) for m in MODE_NAMES}
 
     def term(groups: list[Group], step: int) -> list[list[float]]:

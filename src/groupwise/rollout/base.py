@@ -1,10 +1,11 @@
-"""The Generator protocol, sampling parameters, and the context handed to group builders."""
+"""The Generator, GroupBuilder and GroupTransform protocols, sampling parameters, and the context handed to
+group builders, transforms, selectors and replay buffers."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -30,6 +31,7 @@ class Request:
     max_tokens: int | None = None
 
 
+@runtime_checkable
 class Generator(Protocol):
     """A sampling engine.
 
@@ -45,6 +47,25 @@ class Generator(Protocol):
     def sync_weights(self, model: torch.nn.Module) -> None: ...
 
 
+@runtime_checkable
+class GroupBuilder(Protocol):
+    """Turns the step's problems into groups of samples, unscored (the loop scores every returned group).
+
+    A builder shapes how samples are produced: forced prefixes, per-row caps, several generator calls (trees,
+    draft-then-answer). It may set ``Sample.disqualified`` to grade a sample incorrect without verifying it
+    (e.g. a rollout that broke its mode's cap)."""
+
+    def __call__(self, problems: list[Problem], ctx: RolloutContext) -> list[Group]: ...
+
+
+@runtime_checkable
+class GroupTransform(Protocol):
+    """Rewrites scored groups (drop, resample, edit, append); samples it creates or edits must be scored with
+    ``ctx.score`` (the loop checks that every sample reaching the advantage stage was scored)."""
+
+    def __call__(self, groups: list[Group], ctx: RolloutContext) -> list[Group]: ...
+
+
 @dataclasses.dataclass
 class RolloutContext:
     """What a group builder or transform may use: generation, scoring, and teacher-forced log-probs."""
@@ -52,7 +73,7 @@ class RolloutContext:
     generator: Generator
     tokenizer: Any
     task: Any
-    score: Callable[[list[Group]], None]  # fills correct / reward / reward_terms in place
+    score: Callable[[list[Group]], None]  # the reward stage: fills correct / reward / reward_terms in place
     params: SamplingParams
     group_size: int
     step: int

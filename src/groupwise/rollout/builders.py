@@ -1,4 +1,4 @@
-"""The ``standard`` group builder: G independent samples per problem, then scoring."""
+"""The ``standard`` group builder: G independent samples per problem (the loop then scores them)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from groupwise.rollout.base import RolloutContext
 from groupwise.types import Group, Problem
 
 
-@BUILDERS.register("standard", config=NoConfig)
-def standard(cfg: NoConfig):
-    def build(problems: list[Problem], ctx: RolloutContext) -> list[Group]:
-        groups = ctx.sample_groups(problems)
-        ctx.score(groups)
-        return groups
+def standard_build(problems: list[Problem], ctx: RolloutContext) -> list[Group]:
+    return ctx.sample_groups(problems)
 
-    return build
+
+@BUILDERS.register("standard", config=NoConfig)
+def standard(cfg: NoConfig, env):
+    return standard_build

@@ -248,6 +248,6 @@ class DRE:
         return out
 
 
-@TRANSFORMS.register("dre", config=DREConfig)
-def dre(cfg: DREConfig) -> DRE:
+@TRANSFORMS.register("dre", config=DREConfig, reports=True)
+def dre(cfg: DREConfig, env) -> DRE:
     return DRE(cfg)

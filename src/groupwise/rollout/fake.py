@@ -51,5 +51,5 @@ class FakeGenerator:
 
 
 @GENERATORS.register("fake", config=FakeConfig)
-def fake(cfg: FakeConfig, model, tokenizer) -> FakeGenerator:
-    return FakeGenerator(cfg, tokenizer)
+def fake(cfg: FakeConfig, env) -> FakeGenerator:
+    return FakeGenerator(cfg, env.tokenizer)

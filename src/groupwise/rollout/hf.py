@@ -66,9 +66,9 @@ class HFGenerator:
             self.model.train(was_training)
         return out
 
-    def _generate(self, reqs: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
+    def _prefill(self, reqs: list[Request]):
+        """One forward per distinct prompt (left-padded), its cache expanded to one row per request."""
         model, dev = self.model, next(self.model.parameters()).device
-        # one prefill per distinct prompt
         index: dict[tuple[int, ...], int] = {}
         row_prompt = torch.tensor([index.setdefault(tuple(r.prompt_ids.tolist()), len(index)) for r in reqs])
         prompts = list(index)
@@ -83,74 +83,106 @@ class HFGenerator:
                   logits_to_keep=1)
         cache = o.get("cache") or o.get("past_key_values")
         cache.batch_select_indices(row_prompt.to(dev))  # expand to one cache row per request
-        logits = o.logits[:, -1][row_prompt.to(dev)]  # [B, V]
         attn = attn[row_prompt].to(dev)
-        next_pos = attn.sum(-1)  # [B] position of the next token
+        return cache, o.logits[:, -1][row_prompt.to(dev)], attn, attn.sum(-1)  # logits [B, V]; next positions [B]
 
+    @staticmethod
+    def _pick(logits: Tensor, params: SamplingParams, rng: torch.Generator) -> tuple[Tensor, Tensor]:
+        """(sampled or greedy token [A], the temperature-scaled log-softmax [A, V] it was drawn from)."""
+        temp = params.temperature
+        lp = torch.log_softmax(logits.float() / (temp if temp > 0 else 1.0), dim=-1)  # [A, V]
+        if temp <= 0:
+            return lp.argmax(-1), lp
+        probs = lp.exp()
+        if params.top_p < 1.0:
+            probs = top_p_filter(probs, params.top_p)
+        return torch.multinomial(probs.cpu(), 1, generator=rng).squeeze(-1).to(logits.device), lp
+
+    def _generate(self, reqs: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
+        cache, logits, attn, next_pos = self._prefill(reqs)
+        st = _Decode.start(reqs, params, self.pad_id)
+        eos = self.eos_ids.to(logits.device)
+        for t in range(st.steps):
+            tok, lp = self._pick(logits, params, rng)
+            tok, done = st.record(t, tok, lp, eos)
+            if params.stop:
+                self._stop_strings(st, t, done, params.stop)
+            st.live = st.live & ~done & (st.length[st.rows] < st.caps[st.rows])
+            if not st.live.any():
+                break
+            if st.live.float().mean() < self.cfg.compact_below:  # shrink the cache to the live rows
+                keep = torch.nonzero(st.live).flatten()
+                cache.batch_select_indices(keep.to(logits.device))
+                st.rows, st.live, attn, next_pos, tok = st.rows[keep], st.live[keep], attn[keep], next_pos[keep], tok[keep]
+            attn = torch.cat([attn, attn.new_ones(len(st.rows), 1)], dim=1)
+            o = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
+                           use_cache=True, **{self._cache_kw: cache})
+            logits = o.logits[:, -1]
+            next_pos = next_pos + 1
+        return st.completions()
+
+    def _stop_strings(self, st: _Decode, t: int, done: Tensor, stop: tuple[str, ...]) -> None:
+        for i in torch.nonzero(st.live & ~done).flatten().tolist():
+            r = int(st.rows[i])
+            tail = self.tokenizer.decode(st.tokens[r, max(0, t - 24):t + 1].tolist(), skip_special_tokens=True)
+            if any(tail.endswith(s) for s in stop):
+                done[i], st.reason[r] = True, "stop"
+
+
+@dataclasses.dataclass
+class _Decode:
+    """The decode state of one generation call: outputs per request row, and which cache rows are live."""
+
+    tokens: Tensor  # [B, steps]
+    logps: Tensor  # [B, steps]
+    forced: Tensor  # [B, steps] bool
+    length: Tensor  # [B]
+    reason: list[str]
+    caps: Tensor  # [B] per-row token cap
+    prefix: Tensor  # [B, n_pre] forced tokens, -1 where none
+    rows: Tensor  # original index of each live cache row
+    live: Tensor  # per cache row: still generating
+
+    @property
+    def steps(self) -> int:
+        return self.tokens.shape[1]
+
+    @staticmethod
+    def start(reqs: list[Request], params: SamplingParams, pad_id: int) -> _Decode:
         b = len(reqs)
         caps = torch.tensor([r.max_tokens if r.max_tokens is not None else params.max_tokens for r in reqs])
         steps = int(caps.max())
-        n_pre = max((len(r.prefix) for r in reqs), default=0)
-        prefix = torch.full((b, max(n_pre, 1)), -1, dtype=torch.long)
+        prefix = torch.full((b, max(max((len(r.prefix) for r in reqs), default=0), 1)), -1, dtype=torch.long)
         for i, r in enumerate(reqs):
             prefix[i, :len(r.prefix)] = torch.tensor(r.prefix, dtype=torch.long)
-        tokens = torch.full((b, steps), self.pad_id, dtype=torch.long)
-        logps = torch.zeros((b, steps))
-        forced = torch.zeros((b, steps), dtype=torch.bool)
-        length = torch.zeros(b, dtype=torch.long)
-        reason = ["length"] * b
-        rows = torch.arange(b)  # original index of each live cache row
-        live = torch.ones(b, dtype=torch.bool)  # per cache row: still generating
-        eos = self.eos_ids.to(dev)
-        temp = params.temperature
+        return _Decode(torch.full((b, steps), pad_id, dtype=torch.long), torch.zeros((b, steps)),
+                       torch.zeros((b, steps), dtype=torch.bool), torch.zeros(b, dtype=torch.long), ["length"] * b,
+                       caps, prefix, torch.arange(b), torch.ones(b, dtype=torch.bool))
 
-        for t in range(steps):
-            lp = torch.log_softmax(logits.float() / (temp if temp > 0 else 1.0), dim=-1)  # [A, V]
-            if temp > 0:
-                probs = lp.exp()
-                if params.top_p < 1.0:
-                    probs = top_p_filter(probs, params.top_p)
-                tok = torch.multinomial(probs.cpu(), 1, generator=rng).squeeze(-1).to(dev)
-            else:
-                tok = lp.argmax(-1)
-            if t < n_pre:
-                f = prefix[rows, t].to(dev)
-                is_forced = f >= 0
-                tok = torch.where(is_forced, f, tok)
-                forced[rows[live], t] = is_forced.cpu()[live]
-            else:
-                is_forced = torch.zeros_like(tok, dtype=torch.bool)
-            tok_lp = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-            w = rows[live]
-            tokens[w, t] = tok.cpu()[live]
-            logps[w, t] = tok_lp.float().cpu()[live]
-            length[w] += 1
-            done = (torch.isin(tok, eos) & ~is_forced).cpu() & live
-            for i in torch.nonzero(done).flatten().tolist():
-                reason[rows[i]] = "stop"
-            if params.stop:
-                for i in torch.nonzero(live & ~done).flatten().tolist():
-                    r = int(rows[i])
-                    tail = self.tokenizer.decode(tokens[r, max(0, t - 24):t + 1].tolist(), skip_special_tokens=True)
-                    if any(tail.endswith(s) for s in params.stop):
-                        done[i], reason[r] = True, "stop"
-            live = live & ~done & (length[rows] < caps[rows])
-            if not live.any():
-                break
-            if live.float().mean() < self.cfg.compact_below:  # shrink the cache to the live rows
-                keep = torch.nonzero(live).flatten()
-                cache.batch_select_indices(keep.to(dev))
-                rows, attn, next_pos, tok, live = rows[keep], attn[keep], next_pos[keep], tok[keep], live[keep]
-            attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=1)
-            o = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
-                      use_cache=True, **{self._cache_kw: cache})
-            logits = o.logits[:, -1]
-            next_pos = next_pos + 1
+    def record(self, t: int, tok: Tensor, lp: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
+        """Apply forced prefixes at step t, write the live rows' tokens and log-probs; return (tok, done)."""
+        if t < self.prefix.shape[1] and bool((self.prefix[:, t] >= 0).any()):
+            f = self.prefix[self.rows, t].to(tok.device)
+            is_forced = f >= 0
+            tok = torch.where(is_forced, f, tok)
+            self.forced[self.rows[self.live], t] = is_forced.cpu()[self.live]
+        else:
+            is_forced = torch.zeros_like(tok, dtype=torch.bool)
+        tok_lp = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        w = self.rows[self.live]
+        self.tokens[w, t] = tok.cpu()[self.live]
+        self.logps[w, t] = tok_lp.float().cpu()[self.live]
+        self.length[w] += 1
+        done = (torch.isin(tok, eos) & ~is_forced).cpu() & self.live
+        for i in torch.nonzero(done).flatten().tolist():
+            self.reason[self.rows[i]] = "stop"
+        return tok, done
 
-        return [Completion(tokens[i, :length[i]].clone(), logps[i, :length[i]].clone(), reason[i],
-                           forced[i, :length[i]].clone()) for i in range(b)]
+    def completions(self) -> list[Completion]:
+        return [Completion(self.tokens[i, :self.length[i]].clone(), self.logps[i, :self.length[i]].clone(),
+                           self.reason[i], self.forced[i, :self.length[i]].clone()) for i in range(len(self.reason))]
 
 
 @GENERATORS.register("hf", config=HFConfig)
-def hf(cfg: HFConfig, model, tokenizer) -> HFGenerator:
-    return HFGenerator(cfg, model, tokenizer)
+def hf(cfg: HFConfig, env) -> HFGenerator:
+    return HFGenerator(cfg, env.policy, env.tokenizer)

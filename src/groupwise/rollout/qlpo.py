@@ -149,6 +149,6 @@ class QLPOTransform:
         return out
 
 
-@TRANSFORMS.register("qlpo", config=QLPOConfig)
-def qlpo(cfg: QLPOConfig) -> QLPOTransform:
+@TRANSFORMS.register("qlpo", config=QLPOConfig, reports=True)
+def qlpo(cfg: QLPOConfig, env) -> QLPOTransform:
     return QLPOTransform(cfg)

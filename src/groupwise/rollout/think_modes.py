@@ -14,7 +14,8 @@ and the ``mode_balance`` advantage transform this is the paper's method; recipes
     generation (no wasted tokens past a cap). The sampled mode token is then trained: its ``loss_mask`` is
     set back to True and its ``rollout_logprobs`` to phase 1's sampling log-prob.
   * Cap rule: a rollout that its mode's cap cut off (``finish_reason == "length"``) is graded incorrect
-    (``meta["over_cap"] = True``, ``correct`` reset to False after scoring; the ``think_mode`` reward gives 0).
+    (``meta["over_cap"] = True`` and ``Sample.disqualified = "over_cap"``, so the reward stage grades it
+    incorrect without calling the verifier; the ``think_mode`` reward gives 0).
     A rollout that ends with EOS exactly at the cap is within it.
   * Format failure: a first token that is not an allowed mode ends the rollout there (one sampled token,
     trained with the group's advantage so the policy unlearns it); ``meta["mode"] = "invalid"``, reward 0
@@ -27,8 +28,8 @@ Per sample: ``meta["mode"]`` ("<NT>" | "<SH>" | "<LG>" | "invalid"), ``meta["mod
 ``meta["mode_forced"]``. Metrics: ``rollout/mode_share_{NT,SH,LG}``, ``rollout/mode_invalid_frac``,
 ``rollout/mode_over_cap_frac``, ``rollout/mode_entropy`` (of the shares, nats), ``rollout/mode_acc_{m}``,
 ``rollout/mode_forced``. Deviations: caps are tokens (the paper: 1,024 / 3,000 / global at 1.5B scale;
-scaled to the lab in the recipe); the optional ``mode_token_loss_weight`` of the spec is not implemented
-(a per-token loss weight needs a hook the update does not have).
+scaled to the lab in the recipe). The spec's optional ``mode_token_loss_weight`` is the credit component
+``mode_token_weight`` (credit/mode_token_weight.py), off by default (recipes/think_modes_mode_weight_lab.yaml).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 
 from groupwise.rollout import BUILDERS
 from groupwise.rollout.base import RolloutContext
-from groupwise.types import Group, Problem
+from groupwise.types import Group, Problem, Sample
 
 MODES = ("<NT>", "<SH>", "<LG>")
 
@@ -83,7 +84,8 @@ class ThinkModes:
     def __init__(self, cfg: ThinkModesConfig):
         self.cfg = cfg
         self._step = -1
-        self._counts: dict[str, float] = {}
+        self._seen: list[Sample] = []
+        self._forced = False
 
     def __call__(self, problems: list[Problem], ctx: RolloutContext) -> list[Group]:
         cfg, g = self.cfg, ctx.group_size
@@ -102,11 +104,12 @@ class ThinkModes:
                 mode = next((m for m, t in ids.items() if s.length and int(s.completion_ids[0]) == t), "invalid")
                 s.meta.update(mode=mode, mode_forced=forced, mode_cap=caps.get(mode, 0),
                               over_cap=mode != "invalid" and s.finish_reason == "length")
-        ctx.score(groups)
-        for grp in groups:
-            for s in grp.samples:
-                s.correct = s.correct and not s.meta["over_cap"]  # exceeding the mode's cap grades incorrect
-        self._record(groups, ctx.step, forced)
+                if s.meta["over_cap"]:
+                    s.disqualified = "over_cap"  # exceeding the mode's cap grades incorrect (not verified)
+        if ctx.step != self._step:  # statistics cover every call of one step (refills included)
+            self._step, self._seen = ctx.step, []
+        self._seen += [s for grp in groups for s in grp.samples]  # read in metrics(), after the loop scored them
+        self._forced = forced
         return groups
 
     def _two_phase(self, problems, ctx: RolloutContext, ids: dict[str, int], caps: dict[str, int]) -> list[Group]:
@@ -130,22 +133,14 @@ class ThinkModes:
                 s.rollout_logprobs[0] = s1.rollout_logprobs[0]
         return groups
 
-    def _record(self, groups: list[Group], step: int, forced: bool) -> None:
-        if step != self._step:
-            self._step, self._counts = step, {}
-        c = self._counts
-        for grp in groups:
-            for s in grp.samples:
-                m = s.meta["mode"]
-                c[m] = c.get(m, 0.0) + 1
-                c[f"acc{m}"] = c.get(f"acc{m}", 0.0) + s.correct
-                c["over_cap"] = c.get("over_cap", 0.0) + s.meta["over_cap"]
-                c["n"] = c.get("n", 0.0) + 1
-        c["forced"] = float(forced)
-
     def metrics(self) -> dict[str, float]:
-        c = self._counts
-        n = c.get("n", 0.0)
+        c: dict[str, float] = {}
+        for s in self._seen:
+            m = s.meta["mode"]
+            c[m] = c.get(m, 0.0) + 1
+            c[f"acc{m}"] = c.get(f"acc{m}", 0.0) + s.correct
+            c["over_cap"] = c.get("over_cap", 0.0) + s.meta["over_cap"]
+        n = float(len(self._seen))
         if not n:
             return {}
         shares = {m: c.get(m, 0.0) / n for m in MODES}
@@ -154,10 +149,10 @@ class ThinkModes:
         out["rollout/mode_invalid_frac"] = c.get("invalid", 0.0) / n
         out["rollout/mode_over_cap_frac"] = c["over_cap"] / n
         out["rollout/mode_entropy"] = -sum(p * math.log(p) for p in shares.values() if p > 0)
-        out["rollout/mode_forced"] = c["forced"]
+        out["rollout/mode_forced"] = float(self._forced)
         return out
 
 
-@BUILDERS.register("think_modes", config=ThinkModesConfig)
-def think_modes(cfg: ThinkModesConfig) -> ThinkModes:
+@BUILDERS.register("think_modes", config=ThinkModesConfig, reports=True)
+def think_modes(cfg: ThinkModesConfig, env) -> ThinkModes:
     return ThinkModes(cfg)

@@ -1,12 +1,30 @@
 """Problem selection: which training problems each step uses.
 
-Registry signature: ``factory(cfg, task, seed) -> Selector``. A Selector implements
-``next(step, n, ctx) -> list[Problem]`` (``ctx`` gives the policy for selectors that probe it),
-``state_dict()`` and ``load_state_dict(state)`` (the data cursor; checkpointed).
+Registry form: ``factory(cfg, env) -> Selector`` (``env.task``, ``env.seed``). Every selector is stateful
+(its data cursor is checkpointed), so it is registered with ``stateful=True``.
 """
 
-from groupwise.registry import Registry
+from __future__ import annotations
 
-SELECTORS = Registry("selector", "factory(cfg, task, seed) -> Selector")
+from typing import Any, Protocol, runtime_checkable
 
-from groupwise.select import pivottrace, random  # noqa: E402,F401  (registration)
+from groupwise.registry import Registry, import_members
+from groupwise.types import Problem
+
+
+@runtime_checkable
+class Selector(Protocol):
+    """``next(step, n, ctx)`` returns the n problems to roll out next (also called for dynamic-sampling
+    refills within a step); ``ctx`` is the step's RolloutContext, for selectors that probe the policy. Every
+    draw derives from the run seed and the checkpointed cursor, so a resumed run sees the same problems."""
+
+    def next(self, step: int, n: int, ctx: Any = None) -> list[Problem]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+SELECTORS = Registry("selector", Selector, "factory", ("cfg", "env"))
+
+import_members(__name__, __path__)

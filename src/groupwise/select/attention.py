@@ -60,12 +60,12 @@ def attention_maps(model, packed: Packed, layers: Sequence[int] | None = None) -
     model.eval()
     try:
         with eager_attention(model):
-            logprobs, entropy, out = completion_logprobs(model, packed, with_entropy=True, output_attentions=True)
+            fwd = completion_logprobs(model, packed, with_entropy=True, output_attentions=True)
     finally:
         model.train(was)
-    att = out.attentions
+    att = fwd.output.attentions
     if not att:
         raise RuntimeError(f"{type(model).__name__} returned no attention weights under eager attention")
     n = len(att)
     keep = range(n) if layers is None else [i % n for i in layers]
-    return logprobs, entropy, torch.stack([att[i].float() for i in keep])
+    return fwd.logprobs, fwd.entropy, torch.stack([att[i].float() for i in keep])

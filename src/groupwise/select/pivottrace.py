@@ -443,6 +443,6 @@ class PivotTraceSelector:
         self.diag = dict(state["diag"])
 
 
-@SELECTORS.register("pivottrace", config=PivotTraceConfig)
-def pivottrace(cfg: PivotTraceConfig, task, seed: int) -> PivotTraceSelector:
-    return PivotTraceSelector(cfg, task, seed)
+@SELECTORS.register("pivottrace", config=PivotTraceConfig, stateful=True, reports=True)
+def pivottrace(cfg: PivotTraceConfig, env) -> PivotTraceSelector:
+    return PivotTraceSelector(cfg, env.task, env.seed)

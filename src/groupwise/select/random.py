@@ -51,6 +51,6 @@ class RandomSelector:
         self.epoch, self.cursor, self._order = state["epoch"], state["cursor"], None
 
 
-@SELECTORS.register("random", config=NoConfig)
-def random(cfg: NoConfig, task, seed: int) -> RandomSelector:
-    return RandomSelector(task, seed)
+@SELECTORS.register("random", config=NoConfig, stateful=True)
+def random(cfg: NoConfig, env) -> RandomSelector:
+    return RandomSelector(env.task, env.seed)

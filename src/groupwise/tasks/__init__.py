@@ -1,13 +1,11 @@
-"""Tasks: problems, references and verifiers.
+"""Tasks: problems, references and verifiers (protocol ``tasks.base.Task``).
 
-Registry signature: ``factory(cfg, seed: int) -> Task``.
+Registry form: ``factory(cfg, env) -> Task`` (``env.seed`` is the run seed).
 """
 
-from groupwise.registry import Registry
+from groupwise.registry import Registry, import_members
+from groupwise.tasks.base import Task
 
-TASKS = Registry("task", "factory(cfg, seed) -> Task")
+TASKS = Registry("task", Task, "factory", ("cfg", "env"))
 
-from groupwise.tasks import lab  # noqa: E402,F401  (registers "lab")
-from groupwise.tasks.gym import GymConfig  # noqa: E402,F401  (registers "reasoning_gym")
-from groupwise.tasks.jsonl import JsonlConfig  # noqa: E402,F401  (registers "jsonl")
-
+import_members(__name__, __path__)

@@ -217,5 +217,5 @@ def _question(p: Problem) -> str:
 
 
 @TASKS.register("reasoning_gym", config=GymConfig)
-def reasoning_gym(cfg: GymConfig, seed: int) -> GymTask:
-    return GymTask(cfg, seed)
+def reasoning_gym(cfg: GymConfig, env) -> GymTask:
+    return GymTask(cfg, env.seed)

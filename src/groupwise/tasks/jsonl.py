@@ -3,10 +3,14 @@
 Each row needs a prompt column and an answer column (names configurable); the answer may be a number, a
 GSM8K ``... #### 42`` solution or LaTeX (``\\frac{1}{2}``, ``\\boxed{...}``) and is stored in canonical form
 (``Problem.answer == "42"``). Verification is ``math_answers.is_correct`` (see that module for the
-extraction order and equivalence rules). Without ``test_path`` a deterministic ``test_fraction`` of the rows
-is held out: the rows whose prompt hashes lowest (``stable_seed``), independent of the run seed, so every
-seed is evaluated on the same problems; rows with a held-out prompt never appear in ``train``.
-A path ``groupwise:data/sample_math.jsonl`` names a file shipped inside the package.
+extraction order, the equivalence rules and the ``boxed``/``truncated_box``/``percent`` options). It raises
+on a verifier failure (``AnswerTooCostly`` or a math-verify exception), so the scorer counts it in
+``reward/verifier_error_frac`` rather than it silently scoring the sample wrong. Without ``test_path`` a
+deterministic ``test_fraction`` of the rows is held out: the rows whose prompt hashes lowest
+(``stable_seed``), independent of the run seed, so every seed is evaluated on the same problems; rows with
+a held-out prompt never appear in ``train``. Every other column of a row is kept in
+``Problem.meta["columns"]`` (a ``python`` reward term passes them as keyword arguments, as TRL passes dataset
+columns). A path ``groupwise:data/sample_math.jsonl`` names a file shipped inside the package.
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ class JsonlConfig:
     """Read at most this many rows of each file (0 = all)."""
     last_number: bool = False
     """Fall back to the last number of a completion when it has no <answer>, \\boxed or #### answer."""
+    boxed: math_answers.Boxed = "last"
+    """Which top-level boxes answer: ``last`` (the final attempt) or ``all`` (every box, as math-verify)."""
+    truncated_box: math_answers.TruncatedBox = "no_answer"
+    """An unterminated last box: ``no_answer``, or ``previous`` (the boxes before it, as math-verify)."""
+    percent: math_answers.Percent = "either"
+    """How ``v%`` is read: v or v/100 (``either``, as math-verify), v (``strip``) or v/100 (``fraction``)."""
 
     def __post_init__(self) -> None:
         if not self.train_path:
@@ -67,6 +77,13 @@ class JsonlConfig:
             raise ValueError("prompt_key and answer_key: must be non-empty column names")
         if self.max_rows < 0:
             raise ValueError(f"max_rows={self.max_rows}: allowed >= 0 (0 = all rows)")
+        for f, allowed in (
+            ("boxed", math_answers.BOXED),
+            ("truncated_box", math_answers.TRUNCATED_BOX),
+            ("percent", math_answers.PERCENT),
+        ):
+            if getattr(self, f) not in allowed:
+                raise ValueError(f"{f}={getattr(self, f)!r}: allowed {', '.join(allowed)}")
 
 
 def resolve_path(path: str) -> Path:
@@ -124,7 +141,7 @@ def _problem(cfg: JsonlConfig, where: str, row: Any, default_id: str) -> Problem
     raw = row[cfg.answer_key]
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
         raise ValueError(f"{where}: column '{cfg.answer_key}' must be a string or number, got {raw!r:.60}")
-    answer = math_answers.gold_answer(str(raw))
+    answer = math_answers.gold_answer(str(raw), boxed=cfg.boxed, truncated_box=cfg.truncated_box)
     if not answer:
         raise ValueError(f"{where}: empty answer in column '{cfg.answer_key}' ({raw!r:.60})")
     reference = row[cfg.reference_key] if cfg.reference_key else ""
@@ -142,7 +159,7 @@ def _problem(cfg: JsonlConfig, where: str, row: Any, default_id: str) -> Problem
         if cfg.difficulty_key
         else 0,
         reference=reference,
-        meta={"source": where},
+        meta={"source": where, "columns": {k: v for k, v in row.items() if k != cfg.prompt_key}},
     )
 
 
@@ -201,13 +218,25 @@ class JsonlTask:
             self.train, self.test = split_holdout(problems, cfg.test_fraction)
 
     def extract_answer(self, completion: str) -> str | None:
-        return math_answers.extract_answer(completion, last_number=self.cfg.last_number)
+        cfg = self.cfg
+        return math_answers.extract_answer(
+            completion, last_number=cfg.last_number, boxed=cfg.boxed, truncated_box=cfg.truncated_box
+        )
 
     def format_ok(self, completion: str) -> bool:
         return self.extract_answer(completion) is not None
 
     def verify(self, problem: Problem, completion: str) -> bool:
-        return math_answers.is_correct(completion, problem.answer, last_number=self.cfg.last_number)
+        """Raises on a verifier failure (see the module docstring); the scorer counts it."""
+        cfg = self.cfg
+        return math_answers.is_correct(
+            completion,
+            problem.answer,
+            last_number=cfg.last_number,
+            boxed=cfg.boxed,
+            truncated_box=cfg.truncated_box,
+            percent=cfg.percent,
+        )
 
     def sft_examples(self, rng: random.Random, n: int) -> list[tuple[Problem, str]]:
         """(problem, reference) pairs drawn with replacement from train rows that have a reference."""
@@ -224,5 +253,5 @@ class JsonlTask:
 
 
 @TASKS.register("jsonl", config=JsonlConfig)
-def jsonl(cfg: JsonlConfig, seed: int) -> JsonlTask:
-    return JsonlTask(cfg, seed)
+def jsonl(cfg: JsonlConfig, env) -> JsonlTask:
+    return JsonlTask(cfg, env.seed)

@@ -202,5 +202,5 @@ class Lab:
 
 
 @TASKS.register("lab", config=LabConfig)
-def lab(cfg: LabConfig, seed: int) -> Lab:
-    return Lab(cfg, seed)
+def lab(cfg: LabConfig, env) -> Lab:
+    return Lab(cfg, env.seed)

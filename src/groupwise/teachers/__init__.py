@@ -1,18 +1,45 @@
-"""Teachers: token log-probs of a (possibly privileged) teacher on the student's own completions.
+"""Teachers: token distributions of a (possibly privileged) teacher on the student's own completions.
 
-Registry signature: ``factory(cfg, policy, tokenizer) -> Teacher | None``. A Teacher implements
-``logprobs(samples: list[Sample], problems: list[Problem]) -> Tensor[B, T]`` (teacher-forced, no grad),
-which the update places in ``LossInputs.teacher_logprobs`` for distillation terms; and
-``on_step(step, policy)`` to refresh snapshots. ``none`` (the default) costs nothing.
+Registry form: ``factory(cfg, env) -> Teacher | None`` (``none``, the default, builds nothing and costs
+nothing). The update asks the teacher, per micro-batch and only when a loss term with non-zero weight
+declares ``needs`` ``teacher`` / ``teacher_topk`` / ``teacher_vocab``, for a ``TeacherOutput`` (types.py),
+and places it in ``LossInputs.teacher``; ``on_step(step, policy)`` runs after every update (an EMA teacher
+moves there). Teacher forward passes are counted in ``teacher/*`` metrics. Kinds: ``teachers/models.py``.
 """
 
 from __future__ import annotations
 
-from groupwise.registry import NoConfig, Registry
+import dataclasses
+from typing import Any, Protocol, runtime_checkable
 
-TEACHERS = Registry("teacher", "factory(cfg, policy, tokenizer) -> Teacher | None")
+from groupwise.registry import NoConfig, Registry, import_members
+from groupwise.types import Problem, Sample, TeacherOutput
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherWant:
+    """What the active loss terms need beyond the sampled tokens' log-probs."""
+
+    top_k: int = 0  # > 0: the teacher's top-k support and tail mass
+    vocab: bool = False  # the full-vocabulary log-probs
+
+
+@runtime_checkable
+class Teacher(Protocol):
+    """``score`` runs one teacher-forced pass (no grad) over the rows' completions under the teacher's
+    context and returns completion-aligned outputs (padded positions 0), whatever the context lengths."""
+
+    def score(self, samples: list[Sample], problems: list[Problem], want: TeacherWant) -> TeacherOutput: ...
+
+    def on_step(self, step: int, policy: Any) -> None: ...
+
+
+TEACHERS = Registry("teacher", Teacher, "factory", ("cfg", "env"), optional=True)
 
 
 @TEACHERS.register("none", config=NoConfig)
-def none(cfg: NoConfig, policy, tokenizer) -> None:
+def none(cfg: NoConfig, env) -> None:
     return None
+
+
+import_members(__name__, __path__)

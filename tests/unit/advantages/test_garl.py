@@ -2,6 +2,7 @@ import copy
 import math
 
 import pytest
+import support
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,8 +12,7 @@ from groupwise.advantages.garl import GARLConfig, amplification, garl, ln_q
 from groupwise.advantages.grpo import GRPOConfig, grpo, rloo
 from groupwise.config import load
 from groupwise.registry import ConfigError, NoConfig
-from groupwise.types import Group, Problem, Sample, ScoredBatch
-from groupwise.update import Learner, build_optimizer
+from groupwise.types import Group, Problem, Sample, ScoredBatch, TokenBatch
 
 
 def batch(correct, mask=None, rewards=None) -> ScoredBatch:
@@ -155,27 +155,19 @@ def make_groups(n_groups=3, g=4, seed=0):
     return groups
 
 
-def learner_grads(model, tokenizer, samples, adv_rows, overrides=()):
-    cfg = load(None, ["optim.grad_clip=0", *overrides])
+def learner_grads(model, tokenizer, groups, adv, overrides=()):
     model = copy.deepcopy(model)
-    opt, sched = build_optimizer(model, cfg.optim, 10)
-    learner = Learner(model, opt, sched, cfg.loss, cfg.optim, tokenizer.pad_token_id, 1.0, 16)
+    learner = support.learner(model, tokenizer, ["optim.grad_clip=0", *overrides])
     captured = {}
-    real = opt.step
+    real = learner.optimizer.step
 
     def capture(*a, **k):
         captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
         return real(*a, **k)
 
-    opt.step = capture
-    learner.step(samples, adv_rows)
+    learner.optimizer.step = capture
+    learner.step(TokenBatch.build(groups, adv))
     return captured
-
-
-def rows(groups, adv):
-    samples = [s for g in groups for s in g.samples]
-    return samples, [torch.full((s.length,), float(adv[i, j])) for i, g in enumerate(groups)
-                     for j, s in enumerate(g.samples)]
 
 
 def test_q0_gradient_equals_grpo_through_the_learner(tiny_model, tokenizer):
@@ -183,8 +175,8 @@ def test_q0_gradient_equals_grpo_through_the_learner(tiny_model, tokenizer):
     b = ScoredBatch.from_groups(groups)
     plain = grpo(b, GRPOConfig())
     with_garl = garl(b, plain, GARLConfig(q=0.0))
-    g1 = learner_grads(tiny_model, tokenizer, *rows(groups, plain))
-    g2 = learner_grads(tiny_model, tokenizer, *rows(groups, with_garl))
+    g1 = learner_grads(tiny_model, tokenizer, groups, plain)
+    g2 = learner_grads(tiny_model, tokenizer, groups, with_garl)
     for k in g1:
         assert torch.equal(g1[k], g2[k]), k
 
@@ -196,14 +188,14 @@ def test_garl_gradient_matches_the_amplified_objective(tiny_model, tokenizer):
     groups = make_groups()
     b = ScoredBatch.from_groups(groups)
     adv = garl(b, rloo(b, NoConfig()), GARLConfig(q=0.75))
-    got = learner_grads(tiny_model, tokenizer, *rows(groups, adv))
+    got = learner_grads(tiny_model, tokenizer, groups, adv)
     # hand-written: group 0 P̂ = 1/4 → amp 4^0.75; group 1 P̂ = 3/4 → (4/3)^0.75; group 2 all wrong → 0
     loo = [[1, -1 / 3, -1 / 3, -1 / 3], [1 / 3, 1 / 3, -1, 1 / 3], [0, 0, 0, 0]]
     amps = [4**0.75, (4 / 3) ** 0.75, 0.0]
     model = copy.deepcopy(tiny_model)
     samples = [s for g in groups for s in g.samples]
     packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
-    lp, _, _ = completion_logprobs(model, packed)
+    lp = completion_logprobs(model, packed).logprobs
     weights = torch.tensor([amps[i] * loo[i][j] for i in range(3) for j in range(4)], dtype=lp.dtype)
     mask = torch.zeros_like(lp, dtype=torch.bool)
     for k, s in enumerate(samples):

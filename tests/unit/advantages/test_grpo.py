@@ -81,3 +81,18 @@ def test_properties_zero_mean_shift_and_scale(r, shift, scale):
 def test_bad_config():
     with pytest.raises(ValueError, match="ddof"):
         GRPOConfig(ddof=2)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-4])
+def test_constant_group_whose_float_std_is_not_zero_gives_exactly_zero(eps):
+    # six rewards of 0.1: their float mean is not exactly 0.1, so the computed std is ~1e-17 > 0; before the
+    # fix, eps = 0 turned that round-off into advantages of about ±0.9 (docs/conventions.md promises 0)
+    b = batch([[0.1] * 6, [0.1] * 5 + [0.0]])
+    from groupwise.advantages.stats import group_std
+
+    assert float(group_std(b.rewards, b.mask)[0]) > 0  # the premise: round-off, not a true spread
+    adv = grpo(b, GRPOConfig(eps=eps))
+    assert torch.equal(adv[0], torch.zeros(6, dtype=torch.float64))
+    assert adv[1].abs().max() > 0.4  # a real spread still gives a signal
+    for fn in (dr_grpo, rloo):
+        assert torch.equal(fn(b, NoConfig())[0], torch.zeros(6, dtype=torch.float64))

@@ -100,9 +100,21 @@ def test_invalid_yaml_reports_line(tmp_path):
 
 
 def test_registry_did_you_mean_and_duplicates():
-    reg = Registry("thing", "fn()")
-    reg.register("alpha", NoConfig)(lambda: 1)
+    reg = Registry("thing", object, "factory", ("cfg", "env"))
+    reg.register("alpha", NoConfig)(lambda cfg, env: 1)
     with pytest.raises(ValueError, match="registered twice"):
-        reg.register("alpha", NoConfig)(lambda: 2)
+        reg.register("alpha", NoConfig)(lambda cfg, env: 2)
     with pytest.raises(ConfigError, match=r"unknown thing 'alpah' \(did you mean 'alpha'\?\); valid: alpha"):
         reg.get("alpah")
+    assert reg.get("alpha").build(NoConfig()) == 1
+
+
+def test_registry_checks_the_member_form_and_declared_needs():
+    reg = Registry("thing", object, "function", ("batch", "cfg"))
+    with pytest.raises(TypeError, match=r"a thing function takes \(batch, cfg\), got \(cfg, env\)"):
+        reg.register("bad")(lambda cfg, env: 1)
+    with pytest.raises(TypeError, match="unknown needs"):
+        reg.register("worse", needs=("oracle",))
+    reg.register("ok")(lambda batch, cfg: (batch, cfg))
+    bound = reg.get("ok").build(NoConfig())
+    assert bound(3) == (3, NoConfig())  # building a function binds its config

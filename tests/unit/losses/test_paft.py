@@ -2,6 +2,7 @@ import copy
 import math
 
 import pytest
+import support
 import torch
 from torch.testing import assert_close
 
@@ -10,8 +11,7 @@ from groupwise.advantages.garl import paft as paft_weights
 from groupwise.config import load
 from groupwise.losses.paft import PAFTLossConfig, paft
 from groupwise.registry import ConfigError
-from groupwise.types import Group, LossInputs, Problem, Sample, ScoredBatch
-from groupwise.update import Learner, build_optimizer
+from groupwise.types import Group, LossInputs, Problem, Sample, ScoredBatch, TokenBatch
 
 PAIRED = ["advantage={name: paft, resample: expected}", "loss.terms=[paft]"]
 
@@ -114,16 +114,13 @@ def make_groups():
 
 
 def learner_step(model, tokenizer, groups, adv, overrides):
-    cfg = load(None, ["optim.grad_clip=0", *overrides])
     model = copy.deepcopy(model)
-    opt, sched = build_optimizer(model, cfg.optim, 10)
-    learner = Learner(model, opt, sched, cfg.loss, cfg.optim, tokenizer.pad_token_id, 1.0, 16)
+    learner = support.learner(model, tokenizer, ["optim.grad_clip=0", *overrides])
     captured = {}
-    real = opt.step
-    opt.step = lambda *a, **k: captured.update({n: p.grad.clone() for n, p in model.named_parameters()}) or real(*a, **k)
-    samples = [s for g in groups for s in g.samples]
-    rows = [torch.full((s.length,), float(adv[i, j])) for i, g in enumerate(groups) for j, s in enumerate(g.samples)]
-    return captured, learner.step(samples, rows)
+    real = learner.optimizer.step
+    learner.optimizer.step = lambda *a, **k: captured.update(
+        {n: p.grad.clone() for n, p in model.named_parameters()}) or real(*a, **k)
+    return captured, learner.step(TokenBatch.build(groups, adv))
 
 
 def test_paft_update_equals_on_policy_pg_with_garl_no_baseline_and_skips_unpicked_rows(tiny_model, tokenizer):

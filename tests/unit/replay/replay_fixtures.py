@@ -17,8 +17,26 @@ def sample(logprobs, advantage=0.0, reward=None, correct=None, mask=None):
                   rollout_logprobs=lp,
                   loss_mask=torch.ones(n, dtype=torch.bool) if mask is None else torch.tensor(mask),
                   finish_reason="stop", reward=reward,
-                  correct=bool(reward > 0) if correct is None else correct,
-                  advantage=advantage)
+                  correct=bool(reward > 0) if correct is None else correct, meta={"adv": advantage})
+
+
+def advantages(groups):
+    """The [N, G] advantages the test assigned to each sample (``sample(..., advantage)``), zero-padded."""
+    out = torch.zeros(len(groups), max((len(g.samples) for g in groups), default=0), dtype=torch.float64)
+    for i, g in enumerate(groups):
+        for j, s in enumerate(g.samples):
+            out[i, j] = s.meta["adv"]
+    return out
+
+
+def add(buf, groups, step):
+    """Offer ``groups`` to ``buf`` with their test-assigned advantages, as the engine does after an update."""
+    buf.add(groups, advantages(groups), step)
+
+
+def replayed_groups(out):
+    """The groups of a buffer's ``sample`` result (each a ``Replayed`` with its stored advantages)."""
+    return [r.group for r in out]
 
 
 def group(samples, step=0, pid="p"):
@@ -94,13 +112,16 @@ def components(*overrides):
 
 
 def record_updates(c):
-    """Wrap the learner so every update's rows are recorded (the samples, as the update saw them)."""
-    seen: list[list[Sample]] = []
+    """Wrap the learner so every update's rows are recorded (the samples as the update saw them, and each row's
+    sequence advantage, read from the first loss token of its TokenBatch row)."""
+    seen: list[list[tuple[Sample, float]]] = []
     real = c.learner.step
 
-    def step(samples, advantages, problems=None):
-        seen.append([dataclasses.replace(s) for s in samples])
-        return real(samples, advantages, problems)
+    def step(batch):
+        first = [float(batch.advantages[i][batch.completion_mask[i]][0]) if batch.completion_mask[i].any() else 0.0
+                 for i in range(len(batch.samples))]
+        seen.append([(dataclasses.replace(s), a) for s, a in zip(batch.samples, first)])
+        return real(batch)
 
     c.learner.step = step
     return seen

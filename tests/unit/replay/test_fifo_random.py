@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from replay_fixtures import Ctx, group, mixed_group, sample, tag
+from replay_fixtures import Ctx, add, group, mixed_group, replayed_groups, sample, tag
 from torch.testing import assert_close
 
 from groupwise.config import load
@@ -16,12 +16,12 @@ def fifo(**kw):
 
 
 def ids(groups):
-    return [g.problem.id for g in groups]
+    return [(g.group if hasattr(g, "group") else g).problem.id for g in groups]  # Replayed or stored groups
 
 
 def fill(buf, steps, per_step=2):
     for step in range(steps):
-        buf.add([mixed_group(f"s{step}g{i}", step=step) for i in range(per_step)], step)
+        add(buf, [mixed_group(f"s{step}g{i}", step=step) for i in range(per_step)], step)
 
 
 def test_registered_names():
@@ -32,8 +32,8 @@ def test_registered_names():
 def test_fifo_replays_the_most_recent_groups_from_earlier_steps():
     buf = fifo(replay_groups=3)
     fill(buf, 3)
-    buf.add([mixed_group("now")], step=3)  # stored in the step being sampled: never replayed in it
-    out = buf.sample(3, Ctx())
+    add(buf, [mixed_group("now")], 3)  # stored in the step being sampled: never replayed in it
+    out = replayed_groups(buf.sample(3, Ctx()))
     assert ids(out) == ["s2g1", "s2g0", "s1g1"]
     assert [g.meta["replay_age"] for g in out] == [1, 1, 2] and all(g.replayed for g in out)
     assert buf.metrics()["replay/age_mean"] == pytest.approx(4 / 3)
@@ -59,10 +59,11 @@ def test_ingress_and_copies():
     buf = fifo(replay_groups=2)
     flat = group([sample([-1.0], 0.0, reward=0.0), sample([-1.0], 0.0, reward=0.0)], pid="flat")
     g = mixed_group("m", pos=-0.25, neg=-0.75)
-    buf.add([flat, g], step=0)
+    add(buf, [flat, g], 0)
     g.samples[0].rollout_logprobs.fill_(0.0)  # the store holds its own copy
-    (out,) = buf.sample(1, Ctx())
-    assert ids([out]) == ["m"] and [s.advantage for s in out.samples] == [1.0, -1.0]
+    (rep,) = buf.sample(1, Ctx())
+    out = rep.group
+    assert ids([out]) == ["m"] and rep.advantages.tolist() == [1.0, -1.0]  # the buffer's own record
     assert_close(out.samples[0].old_logprobs, torch.full((2,), -0.25), rtol=0, atol=0)  # π_gen
     assert_close(out.samples[1].old_logprobs, torch.full((2,), -0.75), rtol=0, atol=0)
     assert buf.store.entries[0].group.samples[0].old_logprobs is None  # replaying does not touch the store
@@ -71,9 +72,9 @@ def test_ingress_and_copies():
 def test_no_model_call_unless_a_token_lacks_a_generator_logprob():
     buf = fifo(replay_groups=2)
     edited = tag([group([sample([-0.5, math.nan], 1.0), sample([-0.5, -0.5], -1.0)], pid="e")])[0]
-    buf.add([mixed_group("a"), edited], step=0)
+    add(buf, [mixed_group("a"), edited], 0)
     ctx = Ctx()
-    out = {g.problem.id: g for g in buf.sample(1, ctx)}
+    out = {g.problem.id: g for g in replayed_groups(buf.sample(1, ctx))}
     assert [[s.meta["pid"] for s in call] for call in ctx.calls] == [["e"]]  # only the sample with a NaN
     assert_close(out["e"].samples[0].old_logprobs, torch.tensor([-0.5, -2.0]), rtol=0, atol=0)
 
@@ -97,7 +98,7 @@ def test_budget_ratio_and_token_share():
     fill(buf, 1, per_step=8)
     out = buf.sample(1, Ctx())
     assert len(out) == 2 and buf.metrics()["replay/budget"] == 2.0
-    buf.add([mixed_group(f"x{i}", step=1, tokens=3) for i in range(2)], step=1)
+    add(buf, [mixed_group(f"x{i}", step=1, tokens=3) for i in range(2)], 1)
     # replayed: 2 groups x 2 samples x 2 tokens = 8; fresh: 2 x 2 x 3 = 12 -> share 8 / 20
     assert buf.metrics()["replay/token_share"] == pytest.approx(0.4)
 
@@ -111,6 +112,6 @@ def test_state_round_trip():
     back = fifo(replay_groups=2, capacity=3)
     back.load_state_dict(torch.load(blob, weights_only=True))
     assert ids(back.sample(3, Ctx())) == ids(buf.sample(3, Ctx())) == ["s2g1", "s2g0"]
-    back.add([mixed_group("new", step=3)], step=3)  # insertion counter restored: eviction order continues
+    add(back, [mixed_group("new", step=3)], 3)  # insertion counter restored: eviction order continues
     assert ids(e.group for e in back.store.entries) == ["s2g0", "s2g1", "new"]
     assert back.store.entries[-1].index == 6

@@ -19,7 +19,7 @@ def sample(mode, length, correct=True, over_cap=False):
 
 
 def rewards(samples, cfg=None):
-    term = think_mode(cfg or ThinkModeRewardConfig(), task=None)
+    term = think_mode(cfg or ThinkModeRewardConfig(), None)
     return term([Group(Problem("p", "q", "1"), samples)], step=0)[0]
 
 

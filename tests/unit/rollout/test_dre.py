@@ -1,29 +1,29 @@
 import copy
+import dataclasses
 import itertools
 import math
 
 import pytest
 import torch
+from support import learner, reward_stage, rows
 from torch.testing import assert_close
 
 from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.config import load
 from groupwise.losses import LOSSES
 from groupwise.models.forward import completion_logprobs, pack
-from groupwise.registry import ConfigError, Entry
-from groupwise.rewards.scorer import Scorer
+from groupwise.registry import ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
 from groupwise.rollout.dre import DREConfig, dre, find_span
 from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.tasks.base import stable_seed
 from groupwise.types import ScoredBatch
-from groupwise.update import Learner, build_optimizer
 
 CHK = "chk 1+1=2;"  # one lab re-check: 10 tokens
 
 
 def context(tokenizer, task, texts, step=0, group_size=4):
-    scorer = Scorer(task, load(None).reward.terms, 1.0)
+    scorer = reward_stage(task)
     counters: dict = {}
 
     def rng(stage):
@@ -67,7 +67,7 @@ def test_edit_pinned_prefix_kept_tail_deleted(tokenizer, lab):
     texts = [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
     groups, ctx = scored(tokenizer, lab, texts)
     orig = [copy.deepcopy(s) for s in groups[0].samples]
-    t = dre(DREConfig())
+    t = dre(DREConfig(), None)
     out = t(groups, ctx)
     y, y0 = out[0].samples[0], orig[0]
     assert y.text == f"<think>so {a}.</think><answer>{a}</answer>" and y.correct and y.reward == 1.0
@@ -92,7 +92,7 @@ def test_failed_and_ineligible_rollouts_untouched_bit_identical(tokenizer, lab):
     groups, ctx = scored(tokenizer, lab, texts)
     before = [(s, s.completion_ids.clone(), s.rollout_logprobs.clone(), s.reward) for s in groups[0].samples]
     adv_before = grpo(ScoredBatch.from_groups(groups), GRPOConfig())
-    t = dre(DREConfig())
+    t = dre(DREConfig(), None)
     out = t(groups, ctx)
     for s, (s0, ids, lp, r) in zip(out[0].samples, before):
         assert s is s0 and torch.equal(s.completion_ids, ids) and torch.equal(s.rollout_logprobs, lp) and s.reward == r
@@ -109,7 +109,7 @@ def test_replace_keeps_rewards_and_advantages(tokenizer, lab):
              f"<think>so {a}.{CHK}{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
     groups, ctx = scored(tokenizer, lab, texts)
     r0, a0 = [s.reward for s in groups[0].samples], grpo(ScoredBatch.from_groups(groups), GRPOConfig())
-    out = dre(DREConfig())(groups, ctx)
+    out = dre(DREConfig(), None)(groups, ctx)
     assert [s.reward for s in out[0].samples] == r0 == [1.0, 0.0, 1.0, 0.0]
     assert torch.equal(grpo(ScoredBatch.from_groups(out), GRPOConfig()), a0)
     assert [s.meta.get("dre_edited", False) for s in out[0].samples] == [True, False, True, False]
@@ -121,7 +121,7 @@ def test_append_margin_orders_rewards_and_advantages(tokenizer, lab):
     texts = [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>",
              f"<think>so {a}.</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
     groups, ctx = scored(tokenizer, lab, texts)
-    out = dre(DREConfig(mode="append_margin", delta=0.25))(groups, ctx)
+    out = dre(DREConfig(mode="append_margin", delta=0.25), None)(groups, ctx)
     assert [s.reward for s in out[0].samples] == [0.75, 0.0, 1.0, 0.0, 1.0]
     assert out[0].samples[0].meta["dre_margin"] == -0.25
     adv = grpo(ScoredBatch.from_groups(out), GRPOConfig())[0]
@@ -148,7 +148,7 @@ def test_rejected_edit_keeps_the_original(tokenizer, lab):
     a, _ = answers(lab)
     groups, ctx = scored(tokenizer, task, [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>"])
     s0 = groups[0].samples[0]
-    t = dre(DREConfig())
+    t = dre(DREConfig(), None)
     assert t(groups, ctx)[0].samples[0] is s0 and t.metrics()["rollout/dre_rejected"] == 1.0
 
 
@@ -157,14 +157,14 @@ def test_cap_and_p_edit_deterministic(tokenizer, lab):
     texts = [f"<think>so {a}.{CHK * (2 + i)}</think><answer>{a}</answer>" for i in range(4)]
     edited = lambda out: [s.meta.get("dre_edited", False) for s in out[0].samples]  # noqa: E731
     groups, ctx = scored(tokenizer, lab, texts)
-    first = edited(dre(DREConfig(max_edits_per_group=None))(groups, ctx))
+    first = edited(dre(DREConfig(max_edits_per_group=None), None)(groups, ctx))
     assert sum(first) == 2  # G // 2
     groups, ctx = scored(tokenizer, lab, texts)
-    assert edited(dre(DREConfig(max_edits_per_group=None))(groups, ctx)) == first  # same (seed, step, stage)
+    assert edited(dre(DREConfig(max_edits_per_group=None), None)(groups, ctx)) == first  # same (seed, step, stage)
     groups, ctx = scored(tokenizer, lab, texts)
-    assert not any(edited(dre(DREConfig(p_edit=0.0))(groups, ctx)))
+    assert not any(edited(dre(DREConfig(p_edit=0.0), None)(groups, ctx)))
     groups, ctx = scored(tokenizer, lab, texts)
-    assert all(edited(dre(DREConfig(max_edits_per_group=4, tau_abs=4))(groups, ctx)))
+    assert all(edited(dre(DREConfig(max_edits_per_group=4, tau_abs=4), None)(groups, ctx)))
 
 
 def test_edited_old_logprobs_equal_a_fresh_forward(tiny_model, tokenizer, lab, monkeypatch):
@@ -173,11 +173,11 @@ def test_edited_old_logprobs_equal_a_fresh_forward(tiny_model, tokenizer, lab, m
     a, w = answers(lab)
     texts = [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
     groups, ctx = scored(tokenizer, lab, texts)
-    samples = dre(DREConfig())(groups, ctx)[0].samples
+    samples = dre(DREConfig(), None)(groups, ctx)[0].samples
     assert samples[0].meta.get("dre_edited")
     with torch.no_grad():
         packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
-        fresh, _, _ = completion_logprobs(tiny_model, packed)
+        fresh = completion_logprobs(tiny_model, packed).logprobs
     seen = {}
     entry = LOSSES.get("ppo_clip")
 
@@ -186,11 +186,9 @@ def test_edited_old_logprobs_equal_a_fresh_forward(tiny_model, tokenizer, lab, m
             seen[id(s)] = inp.old_logprobs[k, :s.length].clone()
         return entry.obj(inp, cfg)
 
-    monkeypatch.setitem(LOSSES._entries, "ppo_clip", Entry("ppo_clip", spy, entry.config))
-    cfg = load(None, ["optim.grad_clip=0"])
-    opt, sched = build_optimizer(tiny_model, cfg.optim, 10)
-    learner = Learner(tiny_model, opt, sched, cfg.loss, cfg.optim, tokenizer.pad_token_id, 1.0, 96)
-    m = learner.step(samples, [torch.full((s.length,), 1.0 - 2 * k) for k, s in enumerate(samples)])
+    monkeypatch.setitem(LOSSES._entries, "ppo_clip", dataclasses.replace(entry, obj=spy))
+    update = learner(tiny_model, tokenizer, ["optim.grad_clip=0", "rollout.max_completion_tokens=96"])
+    m = update.step(rows(samples, [torch.full((s.length,), 1.0 - 2 * k) for k, s in enumerate(samples)]))
     for k, s in enumerate(samples):
         assert_close(seen[id(s)], fresh[k, :s.length], rtol=0, atol=1e-6)
     assert m["loss/ratio_mean"] == 1.0

@@ -20,7 +20,7 @@ def test_rollout_logprobs_match_teacher_forcing(tiny_model, tokenizer):
     outs = gen.generate(reqs, SamplingParams(max_tokens=12), rng())
     packed = pack([r.prompt_ids for r in reqs], [o.completion_ids for o in outs], tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _, _ = completion_logprobs(tiny_model, packed)
+        lp = completion_logprobs(tiny_model, packed).logprobs
     for i, o in enumerate(outs):
         assert_close(lp[i, :len(o.completion_ids)], o.rollout_logprobs, rtol=0, atol=1e-5)
 
@@ -31,7 +31,7 @@ def test_temperature_logprobs_are_of_the_tempered_distribution(tiny_model, token
     outs = gen.generate(reqs, SamplingParams(max_tokens=8, temperature=0.7), rng())
     packed = pack([r.prompt_ids for r in reqs], [o.completion_ids for o in outs], tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _, _ = completion_logprobs(tiny_model, packed, temperature=0.7)
+        lp = completion_logprobs(tiny_model, packed, temperature=0.7).logprobs
     for i, o in enumerate(outs):
         assert_close(lp[i, :len(o.completion_ids)], o.rollout_logprobs, rtol=0, atol=1e-5)
 
@@ -84,3 +84,16 @@ def test_top_p_filter_pinned():
     assert_close(top_p_filter(probs, 0.7), torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
     assert_close(top_p_filter(probs, 0.5), torch.tensor([[0.5, 0.0, 0.0, 0.0]]))
     assert_close(top_p_filter(probs, 1.0), probs)
+
+
+def test_registered_hf_generator_samples_from_the_policy_itself(tiny_model, tokenizer):
+    from groupwise.registry import BuildEnv
+    from groupwise.rollout import GENERATORS
+
+    gen = GENERATORS.get("hf").build(HFConfig(), BuildEnv(run=None, policy=tiny_model, tokenizer=tokenizer))
+    assert isinstance(gen, HFGenerator) and gen.model is tiny_model  # weights are shared: sync is free
+    gen.sync_weights(tiny_model)
+    a = gen.generate([Request(prompt(tokenizer, "3+5"))] * 2, SamplingParams(max_tokens=6), rng(1))
+    b = HFGenerator(HFConfig(), tiny_model, tokenizer).generate([Request(prompt(tokenizer, "3+5"))] * 2,
+                                                                SamplingParams(max_tokens=6), rng(1))
+    assert all(torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(a, b))

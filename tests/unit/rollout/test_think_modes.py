@@ -2,6 +2,7 @@ import itertools
 
 import pytest
 import torch
+from support import reward_stage
 from torch.testing import assert_close
 
 from groupwise.advantages.grpo import dr_grpo
@@ -9,7 +10,6 @@ from groupwise.advantages.mode_balance import ModeBalanceConfig, mode_balance
 from groupwise.config import load
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError, NoConfig
-from groupwise.rewards.scorer import Scorer
 from groupwise.rollout.base import Request, RolloutContext, SamplingParams
 from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.rollout.hf import HFConfig, HFGenerator
@@ -18,9 +18,8 @@ from groupwise.tasks.base import stable_seed
 from groupwise.tasks.lab import Lab, LabConfig
 from groupwise.types import Completion, ScoredBatch
 
-TERMS = load(None, ["rollout.builder.name=think_modes", "task.modes=true",
-                    "reward.terms=[{name: think_mode}]"]).reward.terms
-CORRECTNESS = load(None).reward.terms
+TERMS = ["rollout.builder.name=think_modes", "task.modes=true", "reward.terms=[{name: think_mode}]"]
+CORRECTNESS = ()
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +28,7 @@ def mode_lab():
 
 
 def context(tokenizer, task, generator, step=0, group_size=6, max_tokens=48, terms=TERMS):
-    scorer = Scorer(task, terms, 1.0)
+    scorer = reward_stage(task, terms)
     counters: dict = {}
 
     def rng(stage):
@@ -40,6 +39,13 @@ def context(tokenizer, task, generator, step=0, group_size=6, max_tokens=48, ter
         params=SamplingParams(max_tokens), group_size=group_size, step=step, rng=rng,
         encode=lambda p: torch.tensor(tokenizer.encode(p.prompt + "\n", add_special_tokens=False)),
         policy_logprobs=lambda samples: [], eos_id=tokenizer.eos_token_id)
+
+
+def built(builder, problems, ctx):
+    """What rl_step does with a builder: build, then score with the reward stage."""
+    groups = builder(problems, ctx)
+    ctx.score(groups)
+    return groups
 
 
 class Scripted:
@@ -74,8 +80,8 @@ def test_forced_warmup_equal_thirds_prefilled_untrained(tokenizer, mode_lab):
     problems = list(mode_lab.test[:4])
     text = "<think>1+1=2;so 2.</think><answer>2</answer>"  # 16 tokens + EOS after the mode token
     ctx = context(tokenizer, mode_lab, FakeGenerator(FakeConfig(completions=(text,)), tokenizer), step=3, group_size=8)
-    build = think_modes(ThinkModesConfig(cap_nt=8, cap_sh=40, warmup_steps=4))
-    groups = build(problems, ctx)
+    build = think_modes(ThinkModesConfig(cap_nt=8, cap_sh=40, warmup_steps=4), None)
+    groups = built(build, problems, ctx)
     ids = {m: tokenizer.convert_tokens_to_ids(m) for m in ("<NT>", "<SH>", "<LG>")}
     for g in groups:
         modes = [s.meta["mode"] for s in g.samples]
@@ -98,7 +104,7 @@ def test_over_cap_rollout_with_a_correct_answer_is_graded_incorrect(tokenizer, m
     p = mode_lab.test[0]
     text = f"<answer>{p.answer}</answer>chkchk"
     ctx = context(tokenizer, mode_lab, FakeGenerator(FakeConfig(completions=(text,)), tokenizer), group_size=3)
-    groups = think_modes(ThinkModesConfig(cap_nt=5, cap_sh=40, warmup_steps=1))([p], ctx)
+    groups = built(think_modes(ThinkModesConfig(cap_nt=5, cap_sh=40, warmup_steps=1), None), [p], ctx)
     nt = next(s for s in groups[0].samples if s.meta["mode"] == "<NT>")
     sh = next(s for s in groups[0].samples if s.meta["mode"] == "<SH>")
     assert mode_lab.verify(p, nt.text) and nt.meta["over_cap"] and not nt.correct and nt.reward == 0.0
@@ -111,8 +117,8 @@ def test_two_phase_trains_the_sampled_mode_token_and_flags_invalid(tokenizer, mo
     rest = f"<think>so {p.answer}.</think><answer>{p.answer}</answer>"  # 10 tokens + EOS
     gen = Scripted(tokenizer, ["<NT>", "<SH>", "<LG>", "7", "<LG>", "<think>"], rest)
     ctx = context(tokenizer, mode_lab, gen, step=5, group_size=6)
-    build = think_modes(ThinkModesConfig(cap_nt=8, cap_sh=22, warmup_steps=5))
-    (g,) = build([p], ctx)
+    build = think_modes(ThinkModesConfig(cap_nt=8, cap_sh=22, warmup_steps=5), None)
+    (g,) = built(build, [p], ctx)
     assert [s.meta["mode"] for s in g.samples] == ["<NT>", "<SH>", "<LG>", "invalid", "<LG>", "invalid"]
     for i, s in enumerate(g.samples):
         assert s.loss_mask.all() and not s.meta["mode_forced"]  # the policy chose its first token: trained
@@ -136,12 +142,12 @@ def test_two_phase_logprobs_match_teacher_forcing(tiny_model, tokenizer, mode_la
     tiny_model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
     gen = HFGenerator(HFConfig(), tiny_model, tokenizer)
     ctx = context(tokenizer, mode_lab, gen, step=9, group_size=8, max_tokens=16)
-    groups = think_modes(ThinkModesConfig(cap_nt=4, cap_sh=8, warmup_steps=0))(list(mode_lab.test[:2]), ctx)
+    groups = built(think_modes(ThinkModesConfig(cap_nt=4, cap_sh=8, warmup_steps=0), None), list(mode_lab.test[:2]), ctx)
     samples = [s for g in groups for s in g.samples]
     assert {s.meta["mode"] for s in samples} >= {"<NT>", "<SH>"}
     packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _, _ = completion_logprobs(tiny_model, packed)
+        lp = completion_logprobs(tiny_model, packed).logprobs
     for k, s in enumerate(samples):
         assert s.loss_mask.all()
         assert s.length <= s.meta["mode_cap"] + 1 or s.meta["mode"] == "invalid"
@@ -154,7 +160,8 @@ def test_one_forced_mode_with_zero_balance_is_plain_grpo(tiny_model, tokenizer, 
     problems = list(mode_lab.test[:3])
     lg = tokenizer.convert_tokens_to_ids("<LG>")
     gen = HFGenerator(HFConfig(), tiny_model, tokenizer)
-    tm = think_modes(ThinkModesConfig(modes=("<LG>",), warmup_steps=0))(problems, context(tokenizer, mode_lab, gen, 7))
+    tm = built(think_modes(ThinkModesConfig(modes=("<LG>",), warmup_steps=0), None), problems,
+               context(tokenizer, mode_lab, gen, 7))
     ctx = context(tokenizer, mode_lab, gen, 7, terms=CORRECTNESS)
     plain = ctx.sample_groups(problems, prefixes=[[[lg]] * 6 for _ in problems])
     ctx.score(plain)
@@ -167,7 +174,8 @@ def test_one_forced_mode_with_zero_balance_is_plain_grpo(tiny_model, tokenizer, 
     wrong = str((int(p.answer) + 1) % 10)
     texts = tuple(f"<think>so {a}.</think><answer>{a}</answer>" for a in (p.answer, wrong, wrong, p.answer))
     fake = lambda: FakeGenerator(FakeConfig(completions=texts), tokenizer)  # noqa: E731
-    tm = think_modes(ThinkModesConfig(modes=("<LG>",), warmup_steps=0))([p], context(tokenizer, mode_lab, fake(), 7, 4))
+    tm = built(think_modes(ThinkModesConfig(modes=("<LG>",), warmup_steps=0), None), [p],
+               context(tokenizer, mode_lab, fake(), 7, 4))
     ctx = context(tokenizer, mode_lab, fake(), 7, 4, terms=CORRECTNESS)
     plain = ctx.sample_groups([p], prefixes=[[[lg]] * 4])
     ctx.score(plain)

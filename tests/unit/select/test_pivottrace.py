@@ -170,7 +170,7 @@ def test_attention_maps_for_tiny_model_and_sdpa_equals_eager(tiny_model, tokeniz
     packed = pack(prompts, comps, tokenizer.pad_token_id)
     assert tiny_model.config._attn_implementation == "sdpa"
     with torch.no_grad():
-        lp_sdpa, _, _ = completion_logprobs(tiny_model, packed)
+        lp_sdpa = completion_logprobs(tiny_model, packed).logprobs
     lp, ent, att = attention_maps(tiny_model, packed)
     assert tiny_model.config._attn_implementation == "sdpa"  # restored
     assert_close(lp, lp_sdpa, rtol=0, atol=1e-5)

@@ -6,6 +6,7 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
+from groupwise.registry import BuildEnv  # noqa: E402
 from groupwise.tasks import TASKS  # noqa: E402
 from groupwise.tasks.gym import DEFAULT_SYSTEM_PROMPT, GymConfig, GymTask  # noqa: E402
 
@@ -26,7 +27,7 @@ def task(request):
 def test_registered_with_its_config():
     entry = TASKS.get("reasoning_gym")
     assert entry.config is GymConfig
-    assert isinstance(entry.obj(GymConfig(size=2, test_size=1), 0), GymTask)
+    assert isinstance(entry.build(GymConfig(size=2, test_size=1), BuildEnv(run=None, seed=0)), GymTask)
 
 
 def test_right_answer_true_wrong_false(task):

@@ -1,11 +1,15 @@
+import dataclasses
 import json
 import random
 import sys
+import types
 
+import math_verify
 import pytest
 
 from groupwise.tasks import TASKS
 from groupwise.tasks.jsonl import SAMPLE_PATH, JsonlConfig, JsonlTask, resolve_path
+from groupwise.tasks.math_answers import AnswerTooCostly
 
 SAMPLE = dict(train_path=SAMPLE_PATH, reference_key="solution", difficulty_key="level", id_key="id")
 
@@ -18,8 +22,8 @@ def write_jsonl(path, rows):
 def test_registered_with_its_config():
     entry = TASKS.get("jsonl")
     assert entry.config is JsonlConfig
-    task = entry.obj(JsonlConfig(**SAMPLE), 0)
-    assert isinstance(task, JsonlTask) and task.name == "jsonl"
+    task = entry.obj(JsonlConfig(**SAMPLE), types.SimpleNamespace(seed=3))
+    assert isinstance(task, JsonlTask) and task.name == "jsonl" and task.seed == 3
 
 
 def test_sample_file_loads_with_canonical_answers():
@@ -51,6 +55,40 @@ def test_task_extraction_api():
     assert not task.format_ok("I think it is 7")
     lenient = JsonlTask(JsonlConfig(**SAMPLE, last_number=True))
     assert lenient.extract_answer("I think it is 7") == "7"
+
+
+def test_verifier_failures_reach_the_scorer(monkeypatch):
+    # the scorer counts an exception out of verify in reward/verifier_error_frac; False would hide it
+    task = JsonlTask(JsonlConfig(**SAMPLE))
+    p = task.train[0]
+    with pytest.raises(AnswerTooCostly, match="MAX_NESTING"):
+        task.verify(p, "<answer>" + "(" * 40 + "1" + ")" * 40 + "</answer>")
+    monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        task.verify(dataclasses.replace(p, answer="0.5"), "<answer>\\frac{1}{2}</answer>")
+
+
+def test_answer_options_reach_verify_and_extraction(tmp_path):
+    hedged, truncated = "\\boxed{3} or maybe \\boxed{5}", "so \\boxed{5}. final \\boxed{3"
+    default = JsonlTask(JsonlConfig(**SAMPLE))
+    p5 = dataclasses.replace(default.train[0], answer="5")
+    assert default.verify(p5, hedged) and not default.verify(p5, truncated)
+    assert default.extract_answer(truncated) is None and not default.format_ok(truncated)
+    strict = JsonlTask(JsonlConfig(**SAMPLE, boxed="all", truncated_box="previous"))
+    assert not strict.verify(p5, hedged) and strict.verify(p5, truncated)
+    assert strict.extract_answer(hedged) == "3, 5" and strict.format_ok(truncated)
+    rows = [{"question": "q1", "answer": "35%"}, {"question": "q2", "answer": "\\boxed{2} and \\boxed{3}"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    completions = ("<answer>35</answer>", "\\boxed{3}", "\\boxed{2} \\boxed{3}")
+    for cfg, answers, verdicts in [
+        (dict(), ["35\\%", "3"], [True, True, True]),
+        (dict(percent="strip"), ["35\\%", "3"], [True, True, True]),
+        (dict(percent="fraction", boxed="all"), ["35\\%", "2, 3"], [False, False, True]),
+    ]:
+        task = JsonlTask(JsonlConfig(train_path=path, test_path=path, **cfg))
+        assert [p.answer for p in task.train] == answers, cfg
+        got = [task.verify(p, c) for p, c in zip([task.train[0], task.train[1], task.train[1]], completions)]
+        assert got == verdicts, cfg
 
 
 def test_held_out_split_is_pinned_deterministic_and_disjoint():
@@ -201,6 +239,9 @@ def test_sft_examples(tmp_path):
         ({"train_path": "x.jsonl", "test_fraction": 1.0}, "test_fraction=1.0"),
         ({"train_path": "x.jsonl", "prompt_key": ""}, "prompt_key and answer_key"),
         ({"train_path": "x.jsonl", "max_rows": -1}, "max_rows=-1"),
+        ({"train_path": "x.jsonl", "boxed": "first"}, "boxed='first': allowed last, all"),
+        ({"train_path": "x.jsonl", "truncated_box": "x"}, "truncated_box='x': allowed no_answer, previous"),
+        ({"train_path": "x.jsonl", "percent": "v"}, "percent='v': allowed either, strip, fraction"),
     ],
 )
 def test_config_validation(kwargs, message):

@@ -1,9 +1,18 @@
 import threading
 import time
 
+import math_verify
 import pytest
 
-from groupwise.tasks.math_answers import answers_match, extract_answer, gold_answer, is_correct, too_costly
+from groupwise.tasks import math_answers
+from groupwise.tasks.math_answers import (
+    AnswerTooCostly,
+    answers_match,
+    extract_answer,
+    gold_answer,
+    is_correct,
+    too_costly,
+)
 
 EXTRACT = [
     # (completion, last_number, expected extraction)
@@ -30,7 +39,10 @@ EXTRACT = [
     ("<answer>$\\$18.00$</answer>", False, "18.00"),
     ("<answer>\\(\u22125\\).</answer>", False, "-5"),
     ("<answer>18 dollars</answer>", False, "18"),
-    ("<answer>50\\%</answer>", False, "50"),
+    ("<answer>50\\%</answer>", False, "50\\%"),  # the sign is kept after a number, read per `percent`
+    ("<answer>1,000 %</answer>", False, "1000\\%"),
+    ("<answer>50 percent</answer>", False, "50\\%"),
+    ("<answer>x\\%</answer>", False, "x"),  # dropped after anything else
     ("<answer>5 or 7</answer>", False, "5 or 7"),
     ("", False, None),
     ("no answer at all", True, None),
@@ -100,12 +112,99 @@ CORRECT = [
 
 @pytest.mark.parametrize("gold,completion,expected", CORRECT)
 def test_is_correct(gold, completion, expected):
+    # the garbage answers above parse to nothing or to a mismatch: wrong, not a verifier error
     assert is_correct(completion, gold) is expected
+
+
+RAISES = [
+    # (gold, completion): a too-costly answer is a verifier failure for the scorer to count, not "wrong"
+    ("1", "<answer>" + "(" * 40 + "1" + ")" * 40 + "</answer>"),
+    ("5", "\\boxed{10^{10^{10}}}"),
+    ("5", "<answer>99999999!</answer>"),
+    ("1" * 301, "<answer>1</answer>"),  # the gold side is guarded too
+]
+
+
+@pytest.mark.parametrize("gold,completion", RAISES)
+def test_is_correct_raises_on_too_costly_answers(gold, completion):
+    with pytest.raises(AnswerTooCostly):
+        is_correct(completion, gold)
 
 
 def test_last_number_fallback_is_opt_in():
     assert is_correct("so the total is 1,200 apples.", "1200", last_number=True)
     assert not is_correct("so the total is 1,200 apples.", "1200")
+
+
+HEDGED = "\\boxed{3} or maybe \\boxed{5}"
+TRUNCATED = "so \\boxed{5}. final \\boxed{3"
+
+BOX_OPTIONS = [
+    # (completion, boxed, truncated_box, extracted, correct for gold 3, correct for gold 5)
+    (HEDGED, "last", "no_answer", "5", False, True),
+    (HEDGED, "last", "previous", "5", False, True),
+    (HEDGED, "all", "no_answer", "3, 5", False, False),
+    (HEDGED, "all", "previous", "3, 5", False, False),
+    (TRUNCATED, "last", "no_answer", None, False, False),
+    (TRUNCATED, "last", "previous", "5", False, True),
+    (TRUNCATED, "all", "no_answer", None, False, False),
+    (TRUNCATED, "all", "previous", "5", False, True),
+    ("\\boxed{5} so \\boxed{5.}", "all", "no_answer", "5", False, True),  # boxes that agree
+    ("<answer>\\boxed{3}, \\boxed{5}</answer>", "last", "no_answer", "5", False, True),
+    ("<answer>\\boxed{3}, \\boxed{5}</answer>", "all", "no_answer", "3, 5", False, False),
+    ("\\boxed{3} \\boxed{5} \\boxed{\\frac{", "all", "previous", "3, 5", False, False),
+]
+
+
+@pytest.mark.parametrize("completion,boxed,truncated_box,extracted,gold3,gold5", BOX_OPTIONS)
+def test_box_options(completion, boxed, truncated_box, extracted, gold3, gold5):
+    opts = dict(boxed=boxed, truncated_box=truncated_box)
+    assert extract_answer(completion, **opts) == extracted
+    assert is_correct(completion, "3", **opts) is gold3
+    assert is_correct(completion, "5", **opts) is gold5
+
+
+def test_all_boxes_match_a_gold_equal_to_their_set():
+    for gold in ("\\{3, 5\\}", "5, 3", "\\boxed{3} and \\boxed{5}"):
+        assert is_correct(HEDGED, gold, boxed="all"), gold
+    assert gold_answer("\\boxed{3} and \\boxed{5}", boxed="all") == "3, 5"
+    assert gold_answer("\\boxed{3} and \\boxed{5}") == "5"
+
+
+PERCENT_OPTIONS = [
+    # (gold, answer, correct with percent="either", "strip", "fraction")
+    ("0.5", "50\\%", True, False, True),
+    ("50", "50\\%", True, True, False),
+    ("\\frac{1}{2}", "50%", True, False, True),
+    ("0.5", "50 percent", True, False, True),
+    ("12.5", "12.5\\%", True, True, False),
+    ("0.125", "12.5\\%", True, False, True),
+    ("50\\%", "50", True, True, False),  # a gold percentage is read the same way
+    ("50\\%", "0.5", True, False, True),
+    ("50\\%", "50.0\\%", True, True, True),  # both carry the sign: the values compare
+    ("5", "50\\%", False, False, False),
+]
+
+
+@pytest.mark.parametrize("gold,answer,either,strip,fraction", PERCENT_OPTIONS)
+def test_percent_options(gold, answer, either, strip, fraction):
+    for percent, expected in (("either", either), ("strip", strip), ("fraction", fraction)):
+        assert is_correct(f"<answer>{answer}</answer>", gold, percent=percent) is expected, percent
+
+
+def test_math_verify_reference_behaviour():
+    """What the options' math-verify column in docs/tasks.md claims (math-verify 0.9, default parse)."""
+
+    def parse(s):
+        return math_verify.parse(s, parsing_timeout=None)
+
+    def verify(gold, pred):
+        return math_verify.verify(parse(gold), parse(pred), timeout_seconds=None)
+
+    assert not verify("$3$", HEDGED) and not verify("$5$", HEDGED)  # all boxes form a set
+    assert parse(TRUNCATED)[-1] == "5"  # the earlier complete box
+    assert verify("$0.5$", "$50\\%$") and verify("$50$", "$50\\%$")  # v/100, and v for integers
+    assert verify("$0.125$", "$12.5\\%$") and not verify("$12.5$", "$12.5\\%$")
 
 
 def test_answers_match_is_symmetric_on_plain_numbers():
@@ -137,10 +236,54 @@ def test_too_costly_lets_ordinary_answers_through(answer):
     assert not too_costly(answer)
 
 
-def test_guarded_input_is_rejected_quickly():
+@pytest.mark.parametrize(
+    "answer,guard",
+    [
+        ("10^{10^{10}}", "numeric exponent tower"),
+        ("10^{10000000000}", "7+ digit exponent"),
+        ("99999999!", "factorial or binomial"),
+        ("(" * 40 + "1" + ")" * 40, "bracket nesting 40 > MAX_NESTING=8"),
+        ("1" * 301, "length 301 > MAX_ANSWER_CHARS=300"),
+    ],
+)
+def test_too_costly_answer_raises_naming_the_guard(answer, guard):
+    with pytest.raises(AnswerTooCostly, match=guard.replace("+", r"\+")) as e:
+        answers_match("1", answer)
+    assert str(e.value).startswith("answer not parsed") and "\n" not in str(e.value)
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(AnswerTooCostly, match="^gold not parsed"):
+        answers_match(answer, "1")
+    assert answers_match(answer, answer)  # string-equal answers still match without parsing
+
+
+def test_guarded_input_raises_quickly():
     t = time.perf_counter()
-    assert not is_correct("<answer>" + "(" * 40 + "1" + ")" * 40 + "</answer>", "1")
+    with pytest.raises(AnswerTooCostly, match="MAX_NESTING"):
+        is_correct("<answer>" + "(" * 40 + "1" + ")" * 40 + "</answer>", "1")
     assert time.perf_counter() - t < 1.0
+
+
+def test_verifier_exceptions_propagate(monkeypatch):
+    # math-verify swallows its own errors unless raise_on_error=True; the scorer must see them
+    def boom(*args, **kwargs):
+        raise RuntimeError("sympy broke")
+
+    monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", boom)
+    with pytest.raises(RuntimeError, match="sympy broke"):
+        is_correct("<answer>\\frac{2}{4}</answer>", "0.5")
+
+
+def test_parser_exceptions_propagate(monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("parser broke")
+
+    math_answers._parse.cache_clear()
+    monkeypatch.setattr(math_verify.parser, "extract_target_from_pred", boom)
+    try:
+        with pytest.raises(RuntimeError, match="parser broke"):
+            is_correct("<answer>\\frac{3}{6}</answer>", "0.5")
+    finally:
+        math_answers._parse.cache_clear()  # nothing parsed under the patch may outlive it
 
 
 def test_works_outside_the_main_thread():

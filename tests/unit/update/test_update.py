@@ -1,12 +1,12 @@
 import copy
 
 import pytest
+import support
 import torch
 from torch.testing import assert_close
 
-from groupwise.config import load
 from groupwise.types import Sample
-from groupwise.update import Learner, build_optimizer, plan_micro_batches
+from groupwise.update import plan_micro_batches
 
 
 def make_samples(tokenizer, n=8, seed=0):
@@ -23,20 +23,18 @@ def make_samples(tokenizer, n=8, seed=0):
     return out
 
 
-def grads_after_step(model, tokenizer, samples, advantages, overrides, ref=None):
-    cfg = load(None, overrides)
+def grads_after_step(model, tokenizer, samples, advantages, overrides, ref=None, weights=None):
     model = copy.deepcopy(model)
-    opt, sched = build_optimizer(model, cfg.optim, 10)
-    learner = Learner(model, opt, sched, cfg.loss, cfg.optim, tokenizer.pad_token_id, 1.0, 16, ref=ref)
+    learner = support.learner(model, tokenizer, overrides, ref=ref)
     captured = {}
-    real_step = opt.step
+    real_step = learner.optimizer.step
 
     def capture(*a, **k):
         captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
         return real_step(*a, **k)
 
-    opt.step = capture
-    metrics = learner.step(samples, advantages)
+    learner.optimizer.step = capture
+    metrics = learner.step(support.rows(samples, advantages, weights=weights))
     return captured, metrics
 
 
@@ -76,7 +74,7 @@ def test_gradient_matches_hand_written_objective(tiny_model, tokenizer):
     got, _ = grads_after_step(tiny_model, tokenizer, samples, adv, ["optim.grad_clip=0"])
     model = copy.deepcopy(tiny_model)
     packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
-    lp, _, _ = completion_logprobs(model, packed)
+    lp = completion_logprobs(model, packed).logprobs
     mask = torch.zeros_like(lp, dtype=torch.bool)
     a = torch.zeros_like(lp)
     for i, s in enumerate(samples):
@@ -103,3 +101,51 @@ def test_plan_respects_budget_and_covers_rows(tokenizer):
     for mb in plan:
         width = max(samples[i].prompt_ids.numel() for i in mb) + max(samples[i].completion_ids.numel() for i in mb)
         assert len(mb) == 1 or len(mb) * width <= 40
+
+
+def test_loss_weights_scale_every_term_per_token(tiny_model, tokenizer):
+    """grad = −Σ w_t A_t ∇logp_t / tokens for ppo_clip, and w also scales a KL term; the denominator keeps
+    counting every loss token (a weight is not a mask)."""
+    from groupwise.models.forward import completion_logprobs, pack
+
+    samples = make_samples(tokenizer, n=3)
+    adv = [torch.full((s.length,), a) for s, a in zip(samples, (1.0, -0.5, 2.0))]
+    weights = [torch.linspace(0.0, 2.0, s.length) for s in samples]
+    ref = copy.deepcopy(tiny_model)
+    over = ["optim.grad_clip=0", "loss.terms=[{name: ppo_clip}, {name: kl, weight: 0.5, estimator: k2}]"]
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01)
+    got, _ = grads_after_step(tiny_model, tokenizer, samples, adv, over, ref=ref, weights=weights)
+    model = copy.deepcopy(tiny_model)
+    packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
+    lp = completion_logprobs(model, packed).logprobs
+    with torch.no_grad():
+        lr = completion_logprobs(ref, packed).logprobs
+    mask = torch.zeros_like(lp, dtype=torch.bool)
+    a, w = torch.zeros_like(lp), torch.zeros_like(lp)
+    for i, s in enumerate(samples):
+        mask[i, :s.length], a[i, :s.length] = s.loss_mask, adv[i]
+        w[i, :s.length] = weights[i]
+    per_token = -a * lp + 0.5 * 0.5 * (lr - lp) ** 2
+    ((w * per_token * mask).sum() / mask.sum()).backward()
+    for n, p in model.named_parameters():
+        assert_close(got[n], p.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_rows_with_zero_loss_weight_are_skipped_without_changing_the_gradient(tiny_model, tokenizer):
+    samples = make_samples(tokenizer)
+    adv = [torch.full((s.length,), float(i % 3) - 1.0) for i, s in enumerate(samples)]
+    ones = [torch.ones(s.length) for s in samples]
+    zero_first = [torch.zeros(s.length) if i == 0 else torch.ones(s.length) for i, s in enumerate(samples)]
+    base = ["optim.grad_clip=0", "loss.terms=[{name: ppo_clip}, {name: kl, weight: 1e-3}]"]  # nothing advantage-only
+    ref = copy.deepcopy(tiny_model)
+    full, m_full = grads_after_step(tiny_model, tokenizer, samples, adv, base, ref=ref, weights=ones)
+    assert m_full["update/skipped_rows"] == 0
+    rest, m = grads_after_step(tiny_model, tokenizer, samples[1:], adv[1:], base, ref=ref)
+    skipped, m_skip = grads_after_step(tiny_model, tokenizer, samples, adv, base, ref=ref, weights=zero_first)
+    assert m_skip["update/skipped_rows"] == 1 and m_skip["update/loss_tokens"] == m_full["update/loss_tokens"]
+    # row 0 carries no loss but still counts in the token denominator: rest's gradient scaled by its share
+    share = (m["update/loss_tokens"]) / m_skip["update/loss_tokens"]
+    for k in skipped:
+        assert_close(skipped[k], rest[k] * share, rtol=1e-4, atol=1e-7)

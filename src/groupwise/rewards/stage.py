@@ -1,0 +1,167 @@
+"""The reward stage, owned by the loop: verify every sample (never crashing the run), then combine the
+weighted reward terms into ``Sample.reward``.
+
+  verify    ``task.verify(problem, text)`` per sample under ``verifier_timeout_s``; an exception or timeout
+            marks ``verifier_error=True`` and ``correct=False`` (counted in ``reward/verifier_error_frac``). A
+            sample a builder disqualified (``Sample.disqualified``, e.g. over its mode's cap) is graded
+            incorrect without a verifier call.
+  terms     ``reward = Σ_k w_k · v_k`` over the terms whose value is not None; ``reward_terms[label]`` keeps
+            each raw value (NaN for None = "not applicable"; a NaN value counts as None, as in TRL).
+  failures  a term that raises is counted, never fatal: its values for that call are None, the step's count
+            is ``reward/<label>_errors``, and the first failure of each term is printed once with the term's
+            name, the sample and the exception's first line. A term that scores most samples but fails on
+            some raises ``SampleErrors`` with its partial values (the ``python`` term does).
+The timeout uses SIGALRM and is enforced only in the main thread (elsewhere verifiers run unbounded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from groupwise.registry import Entry
+from groupwise.types import Group, Sample
+
+
+class VerifierTimeout(Exception):
+    pass
+
+
+class SampleErrors(Exception):
+    """A reward term's partial result: ``values`` (None where it failed) and ``errors[(group, sample)]``."""
+
+    def __init__(self, values: list[list[float | None]], errors: dict[tuple[int, int], BaseException]):
+        super().__init__(f"{len(errors)} sample(s) failed")
+        self.values, self.errors = values, errors
+
+
+def call_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        return fn()
+
+    def on_alarm(signum, frame):
+        raise VerifierTimeout(f"exceeded {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def first_line(exc: BaseException) -> str:
+    one = len(exc.args) == 1 and isinstance(exc.args[0], str)  # KeyError's str() is a repr: use the message
+    text = (exc.args[0] if one else str(exc)).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+@dataclasses.dataclass
+class BoundTerm:
+    """A built reward term with its weight, metric label and registry entry (declared abilities)."""
+
+    label: str
+    weight: float
+    term: Any
+    entry: Entry | None = None
+
+
+def bind_terms(specs: Any, env: Any) -> list[BoundTerm]:
+    """Build the configured reward terms (``reward.terms`` specs) with their labels and entries."""
+    from groupwise.catalog import registry
+
+    out = []
+    for spec in specs:
+        entry = registry("reward").get(spec.name)
+        out.append(BoundTerm(entry.metric_name(spec.cfg), spec.weight, entry.build(spec.cfg, env), entry))
+    return out
+
+
+class RewardStage:
+    def __init__(self, task, terms: list[BoundTerm], timeout_s: float):
+        labels = [t.label for t in terms]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"reward.terms: two terms share a metric name ({', '.join(labels)}); each needs its own")
+        self.task, self.terms, self.timeout_s = task, terms, timeout_s
+        self._step: int | None = None
+        self._errors: dict[str, float] = {}
+        self._reported: set[str] = set()
+
+    def verify(self, groups: list[Group]) -> None:
+        for g in groups:
+            for s in g.samples:
+                if s.disqualified:
+                    s.correct, s.verifier_error = False, False
+                    continue
+                try:
+                    s.correct = bool(call_with_timeout(lambda s=s, p=g.problem: self.task.verify(p, s.text),
+                                                       self.timeout_s))
+                    s.verifier_error = False
+                except Exception as e:  # noqa: BLE001 - any verifier failure is counted, never fatal
+                    s.correct, s.verifier_error = False, True
+                    self._report("verifier", g, s, e, "reward/verifier_error_frac")
+
+    def __call__(self, groups: list[Group], step: int) -> None:
+        if step != self._step:
+            self._step, self._errors = step, {}
+        self.verify(groups)
+        totals = [[0.0] * len(g.samples) for g in groups]
+        for t in self.terms:
+            values = self._values(t, groups, step)
+            for g, vals, tot in zip(groups, values, totals):
+                for j, (s, v) in enumerate(zip(g.samples, vals)):
+                    s.reward_terms[t.label] = math.nan if v is None else v
+                    if v is not None:
+                        tot[j] += t.weight * v
+        for g, tot in zip(groups, totals):
+            for s, r in zip(g.samples, tot):
+                s.reward, s.scored = r, True
+
+    def _values(self, t: BoundTerm, groups: list[Group], step: int) -> list[list[float | None]]:
+        """The term's values as floats / None; failures are counted and logged, never raised."""
+        try:
+            raw, failed = t.term(groups, step), {}
+        except SampleErrors as e:
+            raw, failed = e.values, e.errors
+        except Exception as e:  # noqa: BLE001 - a crashing reward term is counted, never fatal
+            raw = [[None] * len(g.samples) for g in groups]
+            failed = {(i, j): e for i, g in enumerate(groups) for j in range(len(g.samples))}
+        try:
+            values = [[_number(v) for v in row] for row in raw]
+            if [len(r) for r in values] != [len(g.samples) for g in groups]:
+                raise ValueError(f"returned {[len(r) for r in values]} values per group for group sizes "
+                                 f"{[len(g.samples) for g in groups]}")
+        except (TypeError, ValueError) as e:
+            values = [[None] * len(g.samples) for g in groups]
+            failed = {(i, j): e for i, g in enumerate(groups) for j in range(len(g.samples))}
+        for (i, j), e in failed.items():
+            values[i][j] = None
+            self._errors[t.label] = self._errors.get(t.label, 0.0) + 1
+            self._report(t.label, groups[i], groups[i].samples[j], e, f"reward/{t.label}_errors")
+        return values
+
+    def _report(self, name: str, group: Group, sample: Sample, exc: BaseException, metric: str) -> None:
+        if name in self._reported:
+            return
+        self._reported.add(name)
+        print(f"groupwise: {'the verifier' if name == 'verifier' else f'reward {name!r}'} failed on problem "
+              f"{group.problem.id!r}, completion {sample.text[:80]!r}: {first_line(exc)} (counted in {metric}; "
+              "later failures are counted without a message)", file=sys.stderr, flush=True)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"reward/{t.label}_errors": self._errors.get(t.label, 0.0) for t in self.terms}
+
+
+def _number(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return float(v)
+    f = float(v)  # raises TypeError / ValueError for a non-number
+    return None if math.isnan(f) else f

@@ -1,0 +1,43 @@
+"""Helpers shared by the unit tests: build stages the way ``drivers/setup.py`` does, from a config."""
+
+from __future__ import annotations
+
+import torch
+
+from groupwise.config import load
+from groupwise.registry import BuildEnv
+from groupwise.rewards.stage import RewardStage, bind_terms
+from groupwise.types import Problem, Sample, TokenBatch
+from groupwise.update import Learner
+
+UPDATE = ["rollout.max_completion_tokens=16"]  # the constant of seq_sum_const in the pinned update tests
+
+
+def env(task=None, policy=None, tokenizer=None, overrides=(), seed=0) -> BuildEnv:
+    return BuildEnv(run=load(None, list(overrides)), seed=seed, task=task, policy=policy, tokenizer=tokenizer)
+
+
+def reward_stage(task, overrides=(), timeout_s=1.0, base=None) -> RewardStage:
+    cfg = load(None, list(overrides), base=base)
+    return RewardStage(task, bind_terms(cfg.reward.terms, env(task, overrides=overrides)), timeout_s)
+
+
+def learner(model, tokenizer, overrides=(), ref=None, teacher=None) -> Learner:
+    return Learner.from_config(model, load(None, [*UPDATE, *overrides]), tokenizer.pad_token_id, ref, teacher)
+
+
+def rows(samples: list[Sample], advantages: list[torch.Tensor], problems: list[Problem] | None = None,
+         weights: list[torch.Tensor] | None = None) -> TokenBatch:
+    """A TokenBatch of single rows with token-level advantages (and optional loss weights), one group each."""
+    b, t = len(samples), max((s.length for s in samples), default=1)
+    ids = torch.zeros(b, t, dtype=torch.long)
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    adv = torch.zeros(b, t)
+    w = torch.zeros(b, t)
+    for i, s in enumerate(samples):
+        ids[i, :s.length], mask[i, :s.length] = s.completion_ids, s.loss_mask
+        adv[i, :s.length] = advantages[i] * s.loss_mask.float()
+        w[i, :s.length] = (weights[i] if weights is not None else 1.0) * s.loss_mask.float()
+    problems = problems or [Problem(f"p{i}", "q", "0") for i in range(b)]
+    return TokenBatch(samples, problems, torch.arange(b), torch.zeros(b, dtype=torch.bool), ids, mask, adv, w)
+

@@ -1,0 +1,116 @@
+import math
+import time
+
+import pytest
+import torch
+from support import reward_stage
+
+from groupwise.rewards.stage import BoundTerm, RewardStage, SampleErrors, call_with_timeout
+from groupwise.types import Group, Problem, Sample
+
+
+def sample(text):
+    z = torch.zeros(1, dtype=torch.long)
+    return Sample(prompt_ids=z, completion_ids=z, rollout_logprobs=torch.zeros(1), loss_mask=torch.ones(1, dtype=torch.bool),
+                  finish_reason="stop", text=text)
+
+
+class CrashyTask:
+    name = "crashy"
+
+    def verify(self, problem, text):
+        if text == "boom":
+            raise RuntimeError("parser crashed")
+        if text == "slow":
+            time.sleep(5)
+        return text == problem.answer
+
+    def format_ok(self, text):
+        return text.isdigit()
+
+
+def test_crashes_and_timeouts_are_counted_not_fatal(capsys):
+    stage = reward_stage(CrashyTask(), ["reward.terms=[{name: correctness}, {name: format, weight: 0.5}]"], 0.2)
+    g = Group(Problem("p", "q", "7"), [sample("7"), sample("boom"), sample("slow"), sample("3")])
+    t0 = time.time()
+    stage([g], step=0)
+    assert time.time() - t0 < 2
+    assert [s.correct for s in g.samples] == [True, False, False, False]
+    assert [s.verifier_error for s in g.samples] == [False, True, True, False]
+    assert [s.reward for s in g.samples] == [1.5, 0.0, 0.0, 0.5]
+    assert g.samples[0].reward_terms == {"correctness": 1.0, "format": 1.0}
+    assert all(s.scored for s in g.samples)
+    err = capsys.readouterr().err  # the first verifier failure is printed once, with its sample
+    assert err.count("groupwise: the verifier failed") == 1 and "'boom'" in err and "RuntimeError: parser crashed" in err
+
+
+def test_zero_weight_term_is_logged_only():
+    g = Group(Problem("p", "q", "7"), [sample("3")])
+    reward_stage(CrashyTask(), ["reward.terms=[{name: correctness}, {name: format, weight: 0}]"])([g], 0)
+    assert g.samples[0].reward == 0.0 and g.samples[0].reward_terms["format"] == 1.0
+
+
+def test_disqualified_sample_is_incorrect_without_a_verifier_call():
+    class Counting(CrashyTask):
+        calls = 0
+
+        def verify(self, problem, text):
+            Counting.calls += 1
+            return super().verify(problem, text)
+
+    g = Group(Problem("p", "q", "7"), [sample("7"), sample("7")])
+    g.samples[1].disqualified = "over_cap"
+    reward_stage(Counting())([g], 0)
+    assert [s.correct for s in g.samples] == [True, False] and Counting.calls == 1
+    assert [s.reward for s in g.samples] == [1.0, 0.0]
+
+
+def bound(label, fn, weight=1.0):
+    return BoundTerm(label, weight, fn)
+
+
+def test_none_is_not_applicable_and_nan_counts_as_none():
+    # term a: [1, None, nan] (weight 2); term b: [0.5, 0.5, 0.5] → rewards 2.5, 0.5, 0.5
+    a = bound("a", lambda groups, step: [[1.0, None, math.nan]], 2.0)
+    b = bound("b", lambda groups, step: [[0.5, 0.5, 0.5]])
+    g = Group(Problem("p", "q", "7"), [sample("7"), sample("7"), sample("7")])
+    RewardStage(CrashyTask(), [a, b], 1.0)([g], 0)
+    assert [s.reward for s in g.samples] == [2.5, 0.5, 0.5]
+    assert math.isnan(g.samples[1].reward_terms["a"]) and math.isnan(g.samples[2].reward_terms["a"])
+
+
+def test_a_crashing_term_is_counted_per_term_and_logged_once(capsys):
+    def broken(groups, step):
+        raise ZeroDivisionError("oops\nsecond line")
+
+    stage = RewardStage(CrashyTask(), [bound("broken", broken), bound("ok", lambda gs, s: [[1.0] * len(x.samples) for x in gs])], 1.0)
+    g = Group(Problem("p1", "q", "7"), [sample("7"), sample("3")])
+    stage([g], 0)
+    stage([Group(Problem("p2", "q", "7"), [sample("7")])], 0)
+    assert [s.reward for s in g.samples] == [1.0, 1.0]  # the broken term adds nothing
+    assert stage.metrics() == {"reward/broken_errors": 3.0, "reward/ok_errors": 0.0}
+    err = capsys.readouterr().err
+    assert err.count("reward 'broken' failed") == 1 and "ZeroDivisionError: oops" in err and "second" not in err
+    stage([g], 1)  # a new step starts a new count
+    assert stage.metrics()["reward/broken_errors"] == 2.0
+
+
+def test_partial_failures_and_wrong_lengths():
+    def partial(groups, step):
+        raise SampleErrors([[1.0, None]], {(0, 1): ValueError("bad sample")})
+
+    stage = RewardStage(CrashyTask(), [bound("partial", partial), bound("short", lambda g, s: [[1.0]]),
+                                       bound("text", lambda g, s: [["x", 1.0]])], 1.0)
+    g = Group(Problem("p", "q", "7"), [sample("7"), sample("3")])
+    stage([g], 0)
+    assert [s.reward for s in g.samples] == [1.0, 0.0]
+    assert stage.metrics() == {"reward/partial_errors": 1.0, "reward/short_errors": 2.0, "reward/text_errors": 2.0}
+
+
+def test_two_terms_with_one_label_are_rejected():
+    with pytest.raises(ValueError, match="share a metric name"):
+        RewardStage(CrashyTask(), [bound("x", lambda g, s: []), bound("x", lambda g, s: [])], 1.0)
+
+
+def test_call_with_timeout_restores_alarm():
+    assert call_with_timeout(lambda: 3, 1.0) == 3
