@@ -103,8 +103,7 @@ class Registry(Generic[T]):
 
     @property
     def signature(self) -> str:
-        out = "protocol " + self.protocol.__name__
-        return f"{'factory' if self.form == 'factory' else 'fn'}({', '.join(self.params)}) -> {out}"
+        return f"{'factory' if self.form == 'factory' else 'fn'}({', '.join(self.params)}) -> {self.protocol.__name__}"
 
     def register(self, name: str, config: type = NoConfig, *, stateful: bool = False, reports: bool = False,
                  needs: tuple[str, ...] = (), advantage_only: bool = False,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from groupwise.credit import CREDIT
-from groupwise.rollout.think_modes import MODES
+from groupwise.rollout.think_modes import MODES, require_think_modes
 from groupwise.types import TokenBatch
 
 
@@ -33,9 +33,7 @@ class ModeTokenWeightConfig:
             raise ValueError(f"mode_token_loss_weight={self.mode_token_loss_weight}: must be >= 0")
 
     def check(self, run) -> None:
-        if run.rollout.builder.name != "think_modes":
-            raise ValueError(f"needs rollout.builder 'think_modes' (which records each sample's mode), "
-                             f"got '{run.rollout.builder.name}'")
+        require_think_modes(run)
 
 
 @CREDIT.register("mode_token_weight", config=ModeTokenWeightConfig)

@@ -101,12 +101,12 @@ class PythonReward:
             flat = self._call(rows, step) if rows else []
         except VerifierTimeout:
             raise
-        except Exception:  # noqa: BLE001 - isolate the failing samples
+        except (Exception, SystemExit):  # noqa: BLE001 - isolate the failing samples
             flat = []
             for ij, row in zip(index, rows):
                 try:
                     flat.append(self._call([row], step)[0])
-                except Exception as e:  # noqa: BLE001 - counted by the reward stage
+                except (Exception, SystemExit) as e:  # noqa: BLE001 - counted by the reward stage
                     flat.append(None)
                     errors[ij] = e
         it = iter(flat)

@@ -1,8 +1,9 @@
 """The reward stage, owned by the loop: verify every sample (never crashing the run), then combine the
 weighted reward terms into ``Sample.reward``.
 
-  verify    ``task.verify(problem, text)`` per sample under ``verifier_timeout_s``; an exception or timeout
-            marks ``verifier_error=True`` and ``correct=False`` (counted in ``reward/verifier_error_frac``). A
+  verify    ``task.verify(problem, text)`` per sample under ``verifier_timeout_s``; an exception (``sys.exit``
+            included), a timeout or a verdict that is not True / False marks ``verifier_error=True`` and
+            ``correct=False`` (counted in ``reward/verifier_error_frac``). A
             sample a builder disqualified (``Sample.disqualified``, e.g. over its mode's cap) is graded
             incorrect without a verifier call.
   terms     ``reward = Σ_k w_k · v_k`` over the terms whose value is not None; ``reward_terms[label]`` keeps
@@ -23,6 +24,8 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from groupwise.registry import Entry
 from groupwise.types import Group, Sample
@@ -100,10 +103,10 @@ class RewardStage:
                     s.correct, s.verifier_error = False, False
                     continue
                 try:
-                    s.correct = bool(call_with_timeout(lambda s=s, p=g.problem: self.task.verify(p, s.text),
-                                                       self.timeout_s))
+                    s.correct = verdict(call_with_timeout(lambda s=s, p=g.problem: self.task.verify(p, s.text),
+                                                          self.timeout_s))
                     s.verifier_error = False
-                except Exception as e:  # noqa: BLE001 - any verifier failure is counted, never fatal
+                except (Exception, SystemExit) as e:  # noqa: BLE001 - any verifier failure is counted, never fatal
                     s.correct, s.verifier_error = False, True
                     self._report("verifier", g, s, e, "reward/verifier_error_frac")
 
@@ -129,7 +132,7 @@ class RewardStage:
             raw, failed = t.term(groups, step), {}
         except SampleErrors as e:
             raw, failed = e.values, e.errors
-        except Exception as e:  # noqa: BLE001 - a crashing reward term is counted, never fatal
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a crashing reward term is counted, never fatal
             raw = [[None] * len(g.samples) for g in groups]
             failed = {(i, j): e for i, g in enumerate(groups) for j in range(len(g.samples))}
         try:
@@ -156,6 +159,16 @@ class RewardStage:
 
     def metrics(self) -> dict[str, float]:
         return {f"reward/{t.label}_errors": self._errors.get(t.label, 0.0) for t in self.terms}
+
+
+def verdict(v: Any) -> bool:
+    """A verifier's answer as a bool; anything but True / False (or 0 / 1) is a broken verifier, not a verdict
+    (``bool("False")`` and ``bool(nan)`` would both be True)."""
+    if isinstance(v, bool | np.bool_):
+        return bool(v)
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    raise TypeError(f"verify returned {v!r}; expected True or False")
 
 
 def _number(v: Any) -> float | None:

@@ -23,6 +23,7 @@ import dataclasses
 import math
 
 from groupwise.rewards import REWARDS
+from groupwise.rollout.think_modes import require_think_modes
 from groupwise.types import Group
 
 MODE_NAMES = ("NT", "SH", "LG")
@@ -59,9 +60,7 @@ class ThinkModeRewardConfig:
                 raise ValueError(f"gamma_{m.lower()}={g}: allowed 0 (cap-anchored) or a discount in (0, 1]")
 
     def check(self, run) -> None:
-        if run.rollout.builder.name != "think_modes":
-            raise ValueError(f"needs rollout.builder 'think_modes' (which records each sample's mode and cap), "
-                             f"got '{run.rollout.builder.name}'")
+        require_think_modes(run)
 
 
 @REWARDS.register("think_mode", config=ThinkModeRewardConfig)

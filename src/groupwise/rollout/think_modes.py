@@ -80,6 +80,13 @@ class ThinkModesConfig:
                              f"= {limit} (the mode token counts toward it)")
 
 
+def require_think_modes(run) -> None:
+    """For components that read the modes this builder records (``check(run)`` of their configs)."""
+    if run.rollout.builder.name != "think_modes":
+        raise ValueError(f"needs rollout.builder 'think_modes' (which records each sample's mode and cap), "
+                         f"got '{run.rollout.builder.name}'")
+
+
 class ThinkModes:
     def __init__(self, cfg: ThinkModesConfig):
         self.cfg = cfg

@@ -1,6 +1,8 @@
 import math
+import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 from support import reward_stage
@@ -114,3 +116,23 @@ def test_two_terms_with_one_label_are_rejected():
 
 def test_call_with_timeout_restores_alarm():
     assert call_with_timeout(lambda: 3, 1.0) == 3
+
+
+def test_a_verdict_that_is_not_a_bool_and_sys_exit_are_verifier_errors():
+    class Odd(CrashyTask):
+        def verify(self, problem, text):
+            if text == "exit":
+                sys.exit(3)
+            return {"nan": float("nan"), "str": "False", "one": 1, "np": np.bool_(True)}[text]
+
+    g = Group(Problem("p", "q", "7"), [sample("nan"), sample("str"), sample("one"), sample("np"), sample("exit")])
+    reward_stage(Odd())([g], 0)
+    assert [s.correct for s in g.samples] == [False, False, True, True, False]
+    assert [s.verifier_error for s in g.samples] == [True, True, False, False, True]
+
+
+def test_a_term_calling_sys_exit_is_counted():
+    stage = RewardStage(CrashyTask(), [bound("quits", lambda g, s: sys.exit(1))], 1.0)
+    g = Group(Problem("p", "q", "7"), [sample("7")])
+    stage([g], 0)
+    assert g.samples[0].reward == 0.0 and stage.metrics() == {"reward/quits_errors": 1.0}
