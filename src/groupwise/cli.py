@@ -1,4 +1,4 @@
-"""The command line: ``groupwise demo | train | eval | plot | compare | list | config``."""
+"""The command line: ``groupwise demo | train | eval | inspect | plot | compare | list | config``."""
 
 from __future__ import annotations
 
@@ -56,19 +56,23 @@ def _demo(args) -> int:
 
 
 def _eval(args) -> int:
+    from groupwise.checkpoint import model_dir_damage
     from groupwise.config import load
-    from groupwise.drivers.session import latest_model_dir
+    from groupwise.drivers.session import is_run_dir, latest_model_dir, run_config
     from groupwise.drivers.setup import build
     from groupwise.eval import evaluate
+    from groupwise.log import StorageError
 
     target = Path(args.target)
     recipe = args.recipe
     overrides = list(args.overrides)
-    if (target / "resolved_config.yaml").exists():  # a run directory: its config and latest checkpoint
-        recipe = recipe or target / "resolved_config.yaml"
+    if is_run_dir(target):  # a run directory: its config (refused if lost or cut) and newest intact checkpoint
+        recipe = recipe or run_config(target)
         model_dir = latest_model_dir(target)
     else:
         model_dir = target
+        if problem := model_dir_damage(model_dir):
+            raise StorageError(f"{problem}; cannot evaluate {model_dir}")
     cfg = load(recipe, [*overrides, f"model.path={model_dir}"])
     p = build(cfg)
     e = cfg.eval
@@ -92,9 +96,9 @@ def _eval(args) -> int:
 
 
 def _plot(args) -> int:
-    from groupwise.plot import DEFAULT_METRICS, plot
+    from groupwise.plot import plot
 
-    metrics = tuple(args.metrics.split(",")) if args.metrics else DEFAULT_METRICS
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) or None  # None: the default panels
     print(plot(args.runs, args.out, metrics, x=args.x, smooth=args.smooth))
     return 0
 
@@ -109,6 +113,16 @@ def _compare(args) -> int:
         print(json.dumps(rows, indent=1))
     else:
         Console().print(table)
+    return 0
+
+
+def _inspect(args) -> int:
+    from groupwise.inspect_report import inspect_runs
+
+    if len(args.runs) > 2:
+        print(f"error: inspect takes one run or two, got {len(args.runs)}", file=sys.stderr)
+        return 2
+    print(inspect_runs(args.runs, args.out))
     return 0
 
 
@@ -168,6 +182,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--metrics", default="", help="extra training metrics, comma-separated")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=_compare)
+    ins = sub.add_parser("inspect", help="a self-contained HTML report of a run's rollouts (or two runs side by side)")
+    ins.add_argument("runs", nargs="+", metavar="RUN", help="one run directory, or two to compare")
+    ins.add_argument("--out", default="report.html")
+    ins.set_defaults(fn=_inspect)
     li = sub.add_parser("list", help="registered components (plugins marked with their module)")
     li.add_argument("kind", nargs="?", default="")
     li.add_argument("--plugin", action="append", default=[], help="a plugin file or module to import first")
@@ -194,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (FileNotFoundError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # a task's data error is the user's to fix, like a config error; others are bugs
+        from groupwise.tasks.jsonl import DataError
+
+        if not isinstance(e, DataError):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

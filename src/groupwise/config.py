@@ -4,7 +4,11 @@ A recipe lists only what differs from the defaults below. A component slot is wr
 ``{name: <registered name>, <that component's knobs>}`` (or just the name); weighted slots (reward and loss
 terms) also take ``weight``. Overrides use dotted paths: ``trainer.steps=3``, ``advantage.name=rloo``,
 ``loss.terms.0.clip_high=0.28``. Every error is one line naming the file:line or override, the key path,
-and what is allowed. Component configs may define ``check(run)`` for cross-section rules.
+and what is allowed (a range error raised by an override cites the override). Float knobs must be finite
+(``.nan`` / ``.inf`` fail at load) except the documented infinities in ``INFINITE_OK``; duplicate YAML keys
+fail naming both lines. An override may index a default list the recipe does not spell out
+(``loss.terms.0.clip_high=0.28``). Component configs may define ``check(run)`` for cross-section rules.
+``diff(a, b)`` lists the dotted keys where two resolved configs differ (e.g. a resume with new overrides).
 
 This module is the schema and its loader only: a ``Spec`` names a component and holds its validated config;
 ``catalog.build(spec, env)`` (called once, in ``drivers/setup.py``) turns it into the bound object. The
@@ -14,10 +18,13 @@ are imported before anything else is validated, so their components are known by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +33,10 @@ import yaml
 from groupwise.registry import ConfigError, Registry
 
 _WEIGHTED = {"reward", "loss"}
+
+INFINITE_OK = {"groupwise.replay.hdr.HDRConfig.tau"}
+"""``module.Class.field`` of the float knobs whose documented meaning includes an infinity (``tau: .inf`` = no
+gate). Every other float knob must be finite: ``.nan`` / ``.inf`` fail at load (a plugin may add its own)."""
 
 
 def registry(kind: str) -> Registry[Any]:
@@ -54,8 +65,27 @@ def components(kind: str, default: tuple[str | Mapping[str, Any], ...] = ()) -> 
     raws = [{"name": d} if isinstance(d, str) else dict(d) for d in default]
     return dataclasses.field(
         default_factory=lambda: tuple(_build_spec(kind, dict(r), "<default>", {}) for r in raws),
-        metadata={"kind": kind, "many": True},
+        metadata={"kind": kind, "many": True, "default": raws},
     )
+
+
+def _rules(obj: Any, *rules: tuple[str, Callable[[Any], bool], str]) -> None:
+    """``__post_init__`` checks: the first ``(field, ok, allowed)`` whose value fails raises a one-line
+    ``field=value: allowed ...`` (the loader adds the file:line or override and the section)."""
+    for name, ok, allowed in rules:
+        value = getattr(obj, name)
+        if not ok(value):
+            raise ValueError(f"{name}={value!r}: allowed {allowed}")
+
+
+def _device_ok(device: str) -> bool:
+    import torch
+
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------------------- the schema
@@ -74,8 +104,9 @@ class ModelConfig:
     """Render prompts with the tokenizer's chat template (when it has one)."""
 
     def __post_init__(self) -> None:
-        if self.warm_start_steps < 0 or self.warm_start_batch < 1:
-            raise ValueError("warm_start_steps must be >= 0 and warm_start_batch >= 1")
+        _rules(self, ("device", _device_ok, "a torch device: cpu, cuda, cuda:<index>, mps, ..."),
+               ("warm_start_steps", lambda v: v >= 0, ">= 0"), ("warm_start_lr", lambda v: v > 0, "> 0"),
+               ("warm_start_batch", lambda v: v >= 1, ">= 1"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,10 +123,11 @@ class RolloutConfig:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.prompts_per_step < 1 or self.group_size < 1 or self.max_completion_tokens < 1:
-            raise ValueError("prompts_per_step, group_size and max_completion_tokens must be >= 1")
-        if not (self.temperature > 0 and 0 < self.top_p <= 1):
-            raise ValueError("temperature must be > 0 and top_p in (0, 1]")
+        _rules(self, ("prompts_per_step", lambda v: v >= 1, ">= 1"),
+               ("group_size", lambda v: v >= 2,
+                ">= 2 (a group-relative advantage gives a group of one no signal)"),
+               ("max_completion_tokens", lambda v: v >= 1, ">= 1"), ("temperature", lambda v: v > 0, "> 0"),
+               ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,6 +135,10 @@ class RewardConfig:
     terms: tuple[Spec, ...] = components("reward", ("correctness",))
     """Weighted sum; a term with weight 0 is computed and logged only."""
     verifier_timeout_s: float = 5.0
+    """Per verifier call; 0 disables the timeout (SIGALRM, main thread only)."""
+
+    def __post_init__(self) -> None:
+        _rules(self, ("verifier_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -130,8 +166,12 @@ class OptimConfig:
     ppo_epochs: int = 1
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.micro_batch_tokens < 1 or self.ppo_epochs < 1 or self.warmup_steps < 0:
-            raise ValueError("lr must be > 0, micro_batch_tokens and ppo_epochs >= 1, warmup_steps >= 0")
+        _rules(self, ("lr", lambda v: v > 0, "> 0"),
+               ("betas", lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+               ("weight_decay", lambda v: v >= 0, ">= 0"), ("eps", lambda v: v >= 0, ">= 0"),
+               ("warmup_steps", lambda v: v >= 0, ">= 0"),
+               ("grad_clip", lambda v: v >= 0, ">= 0 (0 disables clipping)"),
+               ("micro_batch_tokens", lambda v: v >= 1, ">= 1"), ("ppo_epochs", lambda v: v >= 1, ">= 1"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -147,6 +187,12 @@ class EvalConfig:
     max_completion_tokens: int = 0
     """0 means the rollout's cap."""
 
+    def __post_init__(self) -> None:
+        _rules(self, ("every", lambda v: v >= 0, ">= 0 (0: only before and after)"),
+               ("n_problems", lambda v: v >= 1, ">= 1"), ("k", lambda v: v >= 1, ">= 1"),
+               ("temperature", lambda v: v >= 0, ">= 0 (0 samples greedily)"),
+               ("max_completion_tokens", lambda v: v >= 0, ">= 0 (0: the rollout's cap)"))
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
@@ -158,10 +204,17 @@ class TrainerConfig:
     """torch intra-op threads (0: leave torch's default)."""
     progress: bool = True
     sinks: tuple[Literal["jsonl", "tensorboard", "wandb", "mlflow"], ...] = ("jsonl", "tensorboard")
+    record_groups: int = 2
+    """Groups of each kind (trained, filtered, dropped, replayed) written per step to ``rollouts.jsonl`` for
+    ``groupwise inspect`` (0: record nothing; docs/inspect.md)."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.save_every < 0 or self.keep_last < 1:
-            raise ValueError("steps and save_every must be >= 0, keep_last >= 1")
+        _rules(self, ("steps", lambda v: v >= 0, ">= 0"),
+               ("save_every", lambda v: v >= 0, ">= 0 (0: only the final step)"),
+               ("keep_last", lambda v: v >= 1, ">= 1"),
+               ("threads", lambda v: v >= 0, ">= 0 (0: torch's default)"))
+        if self.record_groups < 0:
+            raise ValueError(f"record_groups={self.record_groups}: must be >= 0 (0 records nothing)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -188,6 +241,12 @@ class RunConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        _rules(self, ("name", lambda v: bool(v) and v not in (".", "..") and not re.search(r"[/\\\0]", v),
+                      "a plain directory name (no path separator, not '.' or '..'): the run writes to "
+                      "<out_dir>/<name>"),
+               ("out_dir", bool, "a non-empty directory path"))
 
     @property
     def run_dir(self) -> Path:
@@ -220,8 +279,13 @@ def _node_to_obj(node: yaml.Node, path: tuple[str, ...], lines: _Lines, fname: s
     lines.at[path] = f"{fname}:{node.start_mark.line + 1}"
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
+        first: dict[str, int] = {}
         for k, v in node.value:
             key = str(yaml.safe_load(yaml.serialize(k)))
+            if key in first:
+                raise ConfigError(f"{fname}:{k.start_mark.line + 1}: {_dotted((*path, key))}: duplicate key "
+                                  f"(first at {fname}:{first[key]}); allowed: each key once")
+            first[key] = k.start_mark.line + 1
             lines.at[(*path, key)] = f"{fname}:{k.start_mark.line + 1}"
             out[key] = _node_to_obj(v, (*path, key), lines, fname)
         return out
@@ -231,8 +295,17 @@ def _node_to_obj(node: yaml.Node, path: tuple[str, ...], lines: _Lines, fname: s
 
 
 def _read_yaml(path: Path, lines: _Lines) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"recipe {path}: not a file (a directory?); allowed: a YAML file")
+    data = path.read_bytes()
     try:
-        node = yaml.compose(path.read_text())
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = e.object.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); allowed: a UTF-8 "
+                          "YAML file") from None
+    try:
+        node = yaml.compose(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -246,6 +319,8 @@ def _read_yaml(path: Path, lines: _Lines) -> dict[str, Any]:
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, lines: _Lines, origin: str) -> None:
+    """Set ``a.b.0.c`` in the raw tree; a list the recipe does not spell out (``loss.terms``) starts from the
+    schema's default entries, and every node the override creates is attributed to it (for error lines)."""
     keys = dotted.split(".")
     node: Any = tree
     for i, k in enumerate(keys[:-1]):
@@ -258,7 +333,9 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, lines: _Lines, or
         if isinstance(nxt, str):  # `advantage: grpo` shorthand, now being refined
             nxt = node[k] = {"name": nxt}
         if not isinstance(nxt, dict | list):
-            nxt = node[k] = {}
+            default = _schema_list(keys[:i + 1]) if keys[i + 1].isdigit() else None
+            nxt = node[k] = {} if default is None else default
+            lines.at[tuple(keys[:i + 1])] = origin
         node = nxt
     last = keys[-1]
     if isinstance(node, list):
@@ -268,6 +345,22 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, lines: _Lines, or
     else:
         node[last] = value
     lines.at[tuple(keys)] = origin
+
+
+def _schema_list(keys: list[str]) -> list[Any] | None:
+    """The default entries of the schema's list field at ``keys`` (raw, as a recipe would spell them), or None
+    if ``keys`` names no list field of the schema (component configs are not walked)."""
+    cls: Any = RunConfig
+    for k in keys[:-1]:
+        cls = typing.get_type_hints(cls).get(k) if dataclasses.is_dataclass(cls) and cls is not Spec else None
+    if not dataclasses.is_dataclass(cls) or cls is Spec:
+        return None
+    f = next((f for f in dataclasses.fields(cls) if f.name == keys[-1]), None)
+    if f is None:
+        return None
+    if f.metadata.get("many"):
+        return [dict(r) for r in f.metadata["default"]]
+    return list(f.default) if isinstance(f.default, tuple) else None
 
 
 def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -308,6 +401,7 @@ def load(recipe: str | Path | None = None, overrides: Sequence[str] = (), base: 
         tree["plugins"] = _import_plugins(tree["plugins"], lines)
     cfg = _build(RunConfig, tree, (), lines)
     _check(cfg)
+    _check_out_dir(cfg, lines)
     return cfg
 
 
@@ -328,6 +422,11 @@ def _import_plugins(raw: Any, lines: _Lines) -> list[str]:
     return out
 
 
+def loss_needs(cfg: RunConfig) -> set[str]:
+    """What the loss terms with non-zero weight read beyond the policy's log-probs (``registry.NEEDS``)."""
+    return {n for t in cfg.loss.terms if t.weight != 0 for n in registry("loss").get(t.name).needs_of(t.cfg)}
+
+
 def _check(cfg: RunConfig) -> None:
     """Cross-section rules: each component's ``check(run)``, and what active loss terms need."""
     for spec in cfg.specs():
@@ -338,7 +437,7 @@ def _check(cfg: RunConfig) -> None:
             except ValueError as e:
                 raise ConfigError(f"{spec.kind} '{spec.name}': {e}") from None
     for i, spec in enumerate(cfg.loss.terms):
-        needs = registry("loss").get(spec.name).needs if spec.weight != 0 else ()
+        needs = registry("loss").get(spec.name).needs_of(spec.cfg) if spec.weight != 0 else ()
         if any(n.startswith("teacher") for n in needs) and cfg.teacher.name == "none":
             raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs a teacher; set teacher: privileged | frozen | "
                               "ema | model")
@@ -346,13 +445,43 @@ def _check(cfg: RunConfig) -> None:
             raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs the teacher's top-k support; set teacher.top_k")
 
 
+def _check_out_dir(cfg: RunConfig, lines: _Lines) -> None:
+    """``<out_dir>/<name>`` must be creatable: its nearest existing ancestor (or itself) is a directory."""
+    path = cfg.run_dir
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if path.exists() and not path.is_dir():
+        key = "name" if path == cfg.run_dir else "out_dir"
+        _fail(lines, (key,), f"{getattr(cfg, key)!r}: {path} is a file; allowed: a directory (or a path that "
+                             "does not exist yet)")
+
+
 def _dotted(path: tuple[str, ...]) -> str:
     return ".".join(path) or "<root>"
 
 
-def _fail(lines: _Lines, path: tuple[str, ...], msg: str) -> typing.NoReturn:
-    where = lines.where(path)
+def _fail(lines: _Lines, path: tuple[str, ...], msg: str,
+          at: tuple[str, ...] | None = None) -> typing.NoReturn:
+    """Raise ``<file:line or override of at (default path)>: <path>: msg``."""
+    where = lines.where(path if at is None else at)
     raise ConfigError(f"{where + ': ' if where else ''}{_dotted(path)}: {msg}")
+
+
+def _blame(path: tuple[str, ...], raw: Mapping[str, Any], msg: str) -> tuple[str, ...]:
+    """The key a ``__post_init__`` message is about: the first of ``raw``'s keys it names, else the section
+    (so a range error from an override cites the override, not the recipe line of the section)."""
+    named = [(m.start(), k) for k in raw if (m := re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", msg))]
+    return (*path, min(named)[1]) if named else path
+
+
+def _infinite_ok(cls: type, name: str, value: Any) -> bool:
+    """``value`` is an infinity and ``cls.name`` is a documented infinite knob (``INFINITE_OK``)."""
+    if f"{cls.__module__}.{cls.__qualname__}.{name}" not in INFINITE_OK:
+        return False
+    try:
+        return not isinstance(value, bool) and math.isinf(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _build(cls: type, raw: Any, path: tuple[str, ...], lines: _Lines) -> Any:
@@ -378,12 +507,17 @@ def _build(cls: type, raw: Any, path: tuple[str, ...], lines: _Lines) -> Any:
             if isinstance(value, dict) and "name" not in value:  # refine the default component's knobs
                 value = {"name": f.metadata["default"], **value}
             kwargs[name] = _build_spec(kind, value, sub, lines)
+        elif _infinite_ok(cls, name, raw[name]):
+            kwargs[name] = float(raw[name])
         else:
             kwargs[name] = _coerce(raw[name], hints[name], sub, lines)
     try:
         return cls(**kwargs)
     except ValueError as e:
-        _fail(lines, path, str(e))
+        if not path:  # a top-level field: its message already names it
+            where = lines.where(_blame(path, raw, str(e)))
+            raise ConfigError(f"{where + ': ' if where else ''}{e}") from None
+        _fail(lines, path, str(e), at=_blame(path, raw, str(e)))
 
 
 def _build_spec(kind: str, raw: Any, path: tuple[str, ...] | str, lines: _Lines | dict) -> Spec:
@@ -477,14 +611,17 @@ def _coerce_int(value: Any, path: tuple[str, ...], lines: _Lines) -> int:
 
 
 def _coerce_float(value: Any, path: tuple[str, ...], lines: _Lines) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    _fail(lines, path, f"expected a number, got {value!r}")
+    """A finite float (``.nan`` / ``.inf`` fail: they pass range checks such as ``lr > 0`` and poison the run;
+    the knobs in ``INFINITE_OK`` never reach here with an infinity)."""
+    out = None
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError, OverflowError):  # OverflowError: an integer beyond float range
+            out = float(value)
+    if out is None:
+        _fail(lines, path, f"expected a number, got {value!r}")
+    if not math.isfinite(out):
+        _fail(lines, path, f"{value!r} is not allowed; allowed: a finite number")
+    return out
 
 
 def _coerce_str(value: Any, path: tuple[str, ...], lines: _Lines) -> str:
@@ -519,6 +656,26 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def dump(cfg: RunConfig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+def diff(a: RunConfig | Mapping[str, Any], b: RunConfig | Mapping[str, Any]) -> list[str]:
+    """The dotted keys whose resolved values differ between two configs (or their ``to_dict`` forms), in
+    schema order: ``["seed", "rollout.group_size", "optim.lr"]``. A key present on one side only differs (so
+    a changed component lists its ``name`` and the knobs of either); a list of another length is one key
+    (``reward.terms``), lists of the same length compare entry by entry (``loss.terms.0.clip_high``)."""
+    out: list[str] = []
+    _diff(to_dict(a), to_dict(b), "", out)
+    return out
+
+
+def _diff(x: Any, y: Any, key: str, out: list[str]) -> None:
+    if isinstance(x, Mapping) and isinstance(y, Mapping):
+        for k in [*x, *(k for k in y if k not in x)]:
+            sub = f"{key}.{k}" if key else str(k)
+            if k in x and k in y:
+                _diff(x[k], y[k], sub, out)
+            else:
+                out.append(sub)
+    elif isinstance(x, list | tuple) and isinstance(y, list | tuple) and len(x) == len(y):
+        for i, (u, v) in enumerate(zip(x, y)):
+            _diff(u, v, f"{key}.{i}" if key else str(i), out)
+    elif x != y:
+        out.append(key or "<root>")

@@ -3,36 +3,136 @@
 ``metrics.jsonl`` has one object per logged step: ``{"step": s, "time": t, "<stage>/<name>": value, ...}``.
 On resume, lines after the checkpoint's step are dropped so the file continues exactly where the
 checkpoint left off. W&B and MLflow are optional (``pip install groupwise[tracking]``).
+
+Run-directory files are never rewritten in place: ``write_atomic`` writes a temporary file next to the
+target, fsyncs it and renames it over the target, so a kill or a full disk leaves the old file or the new
+one. Readers skip a torn last line (a kill or a full disk mid-append) with a note and refuse a corrupt line
+elsewhere, naming file:line. Disk errors become one-line ``StorageError``s naming the path and the cause.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
+import os
+import re
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from groupwise.registry import ConfigError
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+class StorageError(ConfigError):
+    """A run-directory file cannot be written or read back (disk full, read-only, damaged); one line naming
+    the path and the cause."""
+
+
+def to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def io_reason(e: BaseException) -> str | None:
+    """``"no space left on device (ENOSPC)"`` for an OS-level failure anywhere in ``e``'s chain (also one
+    that a library wrapped into its own error, e.g. safetensors' ``... (os error 28)``), else None."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        code = e.errno if isinstance(e, OSError) else None
+        if code is None and (m := re.search(r"os error (\d+)", str(e))):
+            code = int(m.group(1))
+        if code:
+            return f"{os.strerror(code).lower()} ({errno.errorcode.get(code, code)})"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: a temporary file in the same directory, fsync, ``os.replace``.
+    Temporary files left by a killed writer are removed first."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        for stale in path.parent.glob(f".{path.name}.tmp-*"):
+            stale.unlink(missing_ok=True)
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise StorageError(f"{path}: cannot write: {io_reason(e) or e}") from None
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (best effort: not every file system can fsync a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: Path, note: Callable[[str], None] = to_stderr) -> list[tuple[str, dict[str, Any]]]:
+    """(raw line, parsed object) for every line of a JSONL file of ``{"step": int, ...}`` objects.
+
+    A torn last line (the writer was killed or the disk filled mid-line) is skipped with one note; a bad line
+    elsewhere is a ``StorageError`` naming file:line."""
+    lines = Path(path).read_bytes().split(b"\n")
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    out: list[tuple[str, dict[str, Any]]] = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        text, row = _parse_line(ln)
+        if row is not None:
+            out.append((text, row))
+        elif i == last:
+            note(f"warning: {path}:{i + 1}: skipped a torn last line ({len(ln)} bytes; an interrupted write)")
+        else:
+            raise StorageError(f"{path}:{i + 1}: corrupt line (expected a JSON object with an integer 'step'): "
+                               f"{ln[:60]!r}")
+    return out
+
+
+def _parse_line(ln: bytes) -> tuple[str, dict[str, Any] | None]:
+    try:
+        text = ln.decode()
+        row = json.loads(text)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return "", None
+    ok = isinstance(row, dict) and isinstance(row.get("step"), int)
+    return text, row if ok else None
+
+
+def read_metrics(run_dir: str | Path, note: Callable[[str], None] = to_stderr) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no metrics (is '{run_dir}' a groupwise run directory?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for _, row in read_lines(path, note)]
 
 
 class Logger:
-    def __init__(self, run_dir: Path, sinks: tuple[str, ...], config: dict[str, Any], resume_step: int | None):
+    def __init__(self, run_dir: Path, sinks: tuple[str, ...], config: dict[str, Any], resume_step: int | None,
+                 note: Callable[[str], None] = to_stderr):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
-            keep = [ln for ln in self.path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
-            self.path.write_text("".join(ln + "\n" for ln in keep))
+            keep = [text for text, row in read_lines(self.path, note) if row["step"] <= resume_step]
+            write_atomic(self.path, "".join(ln + "\n" for ln in keep))
         elif resume_step is None:
-            self.path.write_text("")
+            write_atomic(self.path, "")
         self._tb = self._wandb = self._mlflow = None
         if "tensorboard" in sinks:
             from torch.utils.tensorboard import SummaryWriter
@@ -54,8 +154,11 @@ class Logger:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        except OSError as e:
+            raise StorageError(f"{self.path}: cannot append step {step}: {io_reason(e) or e}") from None
         if self._tb is not None:
             for k, v in clean.items():
                 self._tb.add_scalar(k, v, step)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from groupwise.log import read_metrics
+from groupwise.registry import ConfigError
 
 DEFAULT_METRICS = ("reward/correct_frac", "rollout/completion_len_mean", "eval/mean_at_k", "eval/len_mean")
 
@@ -23,14 +24,19 @@ def _smooth(ys: list[float], w: int) -> list[float]:
     return out
 
 
-def plot(runs: list[str], out: str | Path, metrics: tuple[str, ...] = DEFAULT_METRICS, x: str = "step",
+def plot(runs: list[str], out: str | Path, metrics: tuple[str, ...] | None = None, x: str = "step",
          smooth: int = 5) -> Path:
+    """Write the PNG; ``metrics=None`` draws those of ``DEFAULT_METRICS`` that the runs logged. An unknown
+    metric or x axis is a ``ConfigError`` listing the available ones (nothing is written)."""
+    names = [Path(r).name for r in runs]
+    labels = names if len(set(names)) == len(names) else [str(r) for r in runs]  # same-named runs: full paths
+    data = {label: read_metrics(r) for label, r in zip(labels, runs)}
+    metrics = _check_names(data, metrics, x)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = {Path(r).name: read_metrics(r) for r in runs}
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for name, rows in data.items():
@@ -53,6 +59,26 @@ def plot(runs: list[str], out: str | Path, metrics: tuple[str, ...] = DEFAULT_ME
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _check_names(data: dict[str, list[dict]], metrics: tuple[str, ...] | None, x: str) -> tuple[str, ...]:
+    """The metrics to draw; every one must be logged by some run and the x axis by every run."""
+    logged = {k for rows in data.values() for r in rows for k in r} - {"step", "time"}
+    available = ", ".join(sorted(logged)) or "none (no steps logged)"
+    if metrics is None:
+        metrics = tuple(m for m in DEFAULT_METRICS if m in logged)
+        if not metrics:
+            raise ConfigError(f"plot: none of the default metrics ({', '.join(DEFAULT_METRICS)}) was logged; "
+                              f"pass --metrics, available: {available}")
+    unknown = [m for m in metrics if m not in logged]
+    if unknown:
+        raise ConfigError(f"plot --metrics: unknown metric(s) {', '.join(map(repr, unknown))}; available: {available}")
+    for name, rows in data.items():
+        if x != "step" and not any(x in r for r in rows):
+            have = sorted({k for r in rows for k in r if k.endswith("_total")})
+            raise ConfigError(f"plot --x: run '{name}' never logged '{x}'; use step or a cumulative metric it "
+                              f"logged: {', '.join(have) or 'none'}")
+    return metrics
 
 
 def _x_values(rows: list[dict], x: str) -> list[float | None]:

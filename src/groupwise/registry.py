@@ -55,7 +55,8 @@ class Entry(Generic[T]):
     form: Literal["factory", "function"]
     stateful: bool = False
     reports: bool = False
-    needs: tuple[str, ...] = ()
+    needs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
+    """What a loss term reads (``NEEDS``); a function of the term's config when that depends on a knob."""
     advantage_only: bool = False
     label: Callable[[Any], str] | None = None
     """``label(cfg)`` names the member's metrics (reward terms); default: the registered name."""
@@ -69,6 +70,13 @@ class Entry(Generic[T]):
         if self.form == "function":
             return functools.partial(self.obj, cfg=cfg)
         return self.obj(cfg, env)
+
+    def needs_of(self, cfg: Any) -> tuple[str, ...]:
+        needs = tuple(self.needs(cfg)) if callable(self.needs) else self.needs
+        bad = [n for n in needs if n not in NEEDS]
+        if bad:
+            raise TypeError(f"{self.kind} '{self.name}': unknown needs {bad}; allowed: {', '.join(NEEDS)}")
+        return needs
 
     def metric_name(self, cfg: Any) -> str:
         return self.label(cfg) if self.label is not None else self.name
@@ -106,11 +114,11 @@ class Registry(Generic[T]):
         return f"{'factory' if self.form == 'factory' else 'fn'}({', '.join(self.params)}) -> {self.protocol.__name__}"
 
     def register(self, name: str, config: type = NoConfig, *, stateful: bool = False, reports: bool = False,
-                 needs: tuple[str, ...] = (), advantage_only: bool = False,
+                 needs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (), advantage_only: bool = False,
                  label: Callable[[Any], str] | None = None) -> Callable[[T], T]:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"{self.kind} '{name}': config must be a dataclass, got {config!r}")
-        bad = [n for n in needs if n not in NEEDS]
+        bad = [] if callable(needs) else [n for n in needs if n not in NEEDS]
         if bad:
             raise TypeError(f"{self.kind} '{name}': unknown needs {bad}; allowed: {', '.join(NEEDS)}")
 
@@ -119,8 +127,8 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} '{name}' is registered twice "
                                  f"({self._entries[name].origin} and {getattr(obj, '__module__', '?')})")
             _check_params(self, name, obj)
-            self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports, tuple(needs),
-                                        advantage_only, label)
+            self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports,
+                                        needs if callable(needs) else tuple(needs), advantage_only, label)
             return obj
 
         return deco

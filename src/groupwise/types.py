@@ -7,7 +7,7 @@ Shape letters, used in comments and docstrings everywhere:
 
 Log-prob names (one per concept): ``rollout_logprobs`` (from the generator, at the sampling temperature),
 ``old_logprobs`` (the policy that produced the update's ratio denominator), ``ref_logprobs`` (frozen
-reference), ``teacher_logprobs``, and ``logprobs`` (the current policy, with grad).
+reference), ``teacher.logprobs`` (``TeacherOutput``), and ``logprobs`` (the current policy, with grad).
 """
 
 from __future__ import annotations
@@ -202,10 +202,6 @@ class LossInputs:
     entropy: Tensor | None = None  # detached full-vocabulary entropy per token
     samples: list[Sample] = dataclasses.field(default_factory=list)
     problems: list[Problem] = dataclasses.field(default_factory=list)
-
-    @property
-    def teacher_logprobs(self) -> Tensor | None:
-        return None if self.teacher is None else self.teacher.logprobs
 
 
 @dataclasses.dataclass

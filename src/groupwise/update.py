@@ -11,12 +11,19 @@ exactly); rows that carry stored behaviour log-probs (replay) use those. The ref
 ``needs=("ref",)`` term has non-zero weight, the teacher only when a ``needs=("teacher*",)`` term does (its
 outputs are computed in the first epoch and reused by later ones: the teacher's weights at the step's start).
 Every term's per-token loss is multiplied by ``TokenBatch.loss_weights`` before reduction.
+
+Non-finite values never reach the weights: a non-finite gradient norm skips the optimizer step, and a step
+that leaves any parameter NaN or ±inf (an overflowing update) is undone: the pre-step parameters, kept as a
+copy of the trainable parameters (one extra copy of them in memory), are put back, and optimizer state that
+became non-finite is dropped (AdamW restarts those moments). Both count in ``update/nonfinite_skipped``; the
+undone steps also in ``update/nonfinite_restored``, and the first one is printed once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -60,12 +67,14 @@ def pad_rows(rows: list[Tensor], width: int, fill: float) -> Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class BoundLoss:
-    """A built loss term with its weight and its entry's declared needs / advantage_only."""
+    """A built loss term with its weight, what it reads (its entry's declared needs for its config) and its
+    entry (``advantage_only``)."""
 
     name: str
     weight: float
     fn: Callable[[LossInputs], LossTerms]
     entry: Entry
+    needs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,10 +116,11 @@ class Learner:
         self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
         self.terms = [t for t in terms if t.weight != 0]  # a zero-weight term costs nothing and loads nothing
         self.settings, self.ref, self.teacher = settings, ref, teacher
-        self.needs = {n for t in self.terms for n in t.entry.needs}
+        self.needs = {n for t in self.terms for n in t.needs}
         self.want = TeacherWant(top_k=teacher_top_k if "teacher_topk" in self.needs else 0,
                                 vocab="teacher_vocab" in self.needs)
         self.inert = all(t.entry.advantage_only for t in self.terms)
+        self._warned = False
 
     @staticmethod
     def from_config(policy: torch.nn.Module, cfg: RunConfig, pad_id: int, ref: torch.nn.Module | None = None,
@@ -136,17 +146,19 @@ class Learner:
         plan = [[active[j] for j in mb] for mb in
                 plan_micro_batches([batch.samples[i] for i in active], o.micro_batch_tokens)]
         sums, first_old, teacher_cache = Sums(), {}, {}
-        skipped = 0.0
+        skipped = restored = 0.0
         self.policy.train()
         for _ in range(o.ppo_epochs):
             for k, mb in enumerate(plan):
                 inp = self.inputs(batch, mb, first_old, teacher_cache if o.ppo_epochs > 1 else {}, k)
                 self.loss(inp, norm, sums).backward()
-            skipped += self.optimizer_step(sums)
+            outcome = self.optimizer_step(sums)
+            skipped, restored = skipped + (outcome != "stepped"), restored + (outcome == "restored")
         self.scheduler.step()
         out = sums.metrics(o.ppo_epochs)
         out.update({"update/micro_batches": float(len(plan)), "update/skipped_rows": float(len(batch.samples) - len(active)),
-                    "update/nonfinite_skipped": skipped, "optim/lr": float(self.scheduler.get_last_lr()[0]),
+                    "update/nonfinite_skipped": skipped, "update/nonfinite_restored": restored,
+                    "optim/lr": float(self.scheduler.get_last_lr()[0]),
                     "update/loss_tokens": norm.tokens, "update/policy_forwards": float(len(plan) * o.ppo_epochs),
                     "update/ref_forwards": float(len(plan) * o.ppo_epochs if "ref" in self.needs else 0)})
         return out
@@ -191,19 +203,42 @@ class Learner:
         sums.add("policy/entropy", float((inp.entropy * mask).sum()), float(mask.sum()))
         return total
 
-    def optimizer_step(self, sums: Sums) -> float:
-        """Clip and step (a non-finite gradient skips the step); returns 1.0 if it was skipped."""
+    def optimizer_step(self, sums: Sums) -> str:
+        """Clip and step: ``"stepped"``, ``"skipped"`` (non-finite gradient) or ``"restored"`` (the step made
+        a parameter non-finite and was undone; see the module docstring)."""
         for p in self.policy.parameters():  # a step with no trained rows is a zero-gradient step
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
         clip = self.settings.optim.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip if clip > 0 else float("inf"))
-        finite = bool(torch.isfinite(grad_norm))
-        if finite:
-            self.optimizer.step()
+        outcome = "skipped"
+        if bool(torch.isfinite(grad_norm)):
+            outcome = "restored" if self._guarded_step() else "stepped"
         self.optimizer.zero_grad(set_to_none=True)
         sums.add("update/grad_norm", float(grad_norm), 1.0)
-        return 0.0 if finite else 1.0
+        return outcome
+
+    @torch.no_grad()
+    def _guarded_step(self) -> bool:
+        """``optimizer.step()``, undone if it leaves a non-finite parameter; True if it was undone."""
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        before = [p.detach().clone() for p in params]
+        self.optimizer.step()
+        if all(bool(torch.isfinite(p).all()) for p in params):
+            return False
+        for p, b in zip(params, before):
+            p.copy_(b)
+            state = self.optimizer.state.get(p, {})
+            if any(torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+                   for v in state.values()):
+                self.optimizer.state.pop(p, None)  # AdamW re-initialises the moments of this parameter
+        if not self._warned:
+            self._warned = True
+            print("groupwise: an optimizer step made the policy's weights non-finite; the pre-step weights "
+                  "were restored (counted in update/nonfinite_restored; later ones are counted without a "
+                  "message)",
+                  file=sys.stderr, flush=True)
+        return True
 
     @torch.no_grad()
     def _ref(self, packed: Packed) -> Tensor | None:
@@ -228,7 +263,7 @@ def bind_losses(cfg: RunConfig) -> list[BoundLoss]:
     out = []
     for spec in cfg.loss.terms:
         entry = registry("loss").get(spec.name)
-        out.append(BoundLoss(spec.name, spec.weight, entry.build(spec.cfg), entry))
+        out.append(BoundLoss(spec.name, spec.weight, entry.build(spec.cfg), entry, entry.needs_of(spec.cfg)))
     return out
 
 

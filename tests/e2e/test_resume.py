@@ -51,3 +51,20 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     assert a == b
     trained = [r["rollout/samples"] - r["update/skipped_rows"] for r in a if "update/skipped_rows" in r]
     assert sum(trained) > 0, "no step trained on anything: the test would be vacuous"
+
+
+def test_resume_with_other_settings_is_refused_but_a_longer_run_is_not(tmp_path, monkeypatch):
+    import pytest
+
+    from groupwise.config import load
+    from groupwise.drivers.trainer import train
+    from groupwise.registry import ConfigError
+
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    base = [a for a in ARGS if not a.startswith(("trainer.steps", "model.warm_start_steps"))]
+    base += [f"out_dir={tmp_path}", "model.warm_start_steps=5"]
+    train(load(RECIPE, [*base, "trainer.steps=1"]))
+    with pytest.raises(ConfigError, match=r"--resume with settings that differ .*: seed, optim.lr; resume with the same"):
+        train(load(RECIPE, [*base, "trainer.steps=1", "seed=5", "optim.lr=2e-4"]), resume=True)
+    out = train(load(RECIPE, [*base, "trainer.steps=2", "eval.n_problems=4"]), resume=True)  # longer: allowed
+    assert "last" in out

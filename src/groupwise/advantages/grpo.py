@@ -4,6 +4,9 @@ Conventions (pinned in tests/unit/advantages/test_grpo.py, stated in docs/conven
   grpo     A_i = (r_i - mean_g r) / (std_g r + eps), std with ddof=1 and eps=1e-4 (TRL's choice);
            a zero-variance group gives exactly 0, also with eps = 0 (decided by the rewards being all equal,
            not by a float std, which round-off makes ~1e-17 for six rewards of 0.1); a singleton gives 0.
+           Scale-safe: a group whose squared deviations would overflow (|r| above ~1e150) is computed on r
+           divided by a power of two >= its max |r| (exact), so 1e300 rewards do not zero the advantages;
+           every other group is computed on r itself, bit for bit.
   dr_grpo  A_i = r_i - mean_g r  (arXiv:2503.20783, "Understanding R1-Zero-Like Training").
   rloo     A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g r)  (arXiv:2402.14740); singleton -> 0.
 Constant groups and padded entries get exactly 0 from all three.
@@ -17,7 +20,7 @@ import torch
 from torch import Tensor
 
 from groupwise.advantages import ADVANTAGES
-from groupwise.advantages.stats import group_centred, group_constant, group_count, group_std
+from groupwise.advantages.stats import group_centred, group_constant, group_count, group_scale, group_std
 from groupwise.registry import NoConfig
 from groupwise.types import ScoredBatch
 
@@ -37,10 +40,13 @@ class GRPOConfig:
 @ADVANTAGES.register("grpo", config=GRPOConfig)
 def grpo(batch: ScoredBatch, cfg: GRPOConfig) -> Tensor:
     r, m = batch.rewards, batch.mask
-    centred = group_centred(r, m)
-    std = group_std(r, m, cfg.ddof)
+    scale = group_scale(r, m)  # 1 (so x is r, bit for bit) unless r's squares would overflow
+    x = r / scale
+    centred = group_centred(x, m)
+    std = group_std(x, m, cfg.ddof)
     spread = ~group_constant(r, m) & (std > 0)  # with eps = 0, 0/0 would be NaN
-    return torch.where(spread, centred / (std + cfg.eps).clamp(min=1e-300), torch.zeros_like(centred))
+    # (x - mean x) / (std x + eps / scale) = (r - mean r) / (std r + eps)
+    return torch.where(spread, centred / (std + cfg.eps / scale).clamp(min=1e-300), torch.zeros_like(centred))
 
 
 @ADVANTAGES.register("dr_grpo", config=NoConfig)

@@ -29,6 +29,18 @@ def group_centred(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(group_constant(x, mask), torch.zeros_like(x), (x - group_mean(x, mask)) * mask)
 
 
+def group_scale(x: Tensor, mask: Tensor) -> Tensor:
+    """[N, 1] exactly 1 for ordinary groups; for a group whose squared deviations could overflow (max |x|
+    above sqrt(float max) / 2^16, ~1e150 in float64), a power of two within a factor 2 of its max |x|
+    (|x / scale| < 2). Dividing by a power of two is exact, so the statistics of x / scale are those of x,
+    scaled, without the overflow."""
+    big = torch.where(mask, x.abs(), torch.zeros_like(x)).amax(-1, keepdim=True)  # [N, 1]
+    limit = torch.finfo(x.dtype).max ** 0.5 / 2**16
+    _, exponent = torch.frexp(big)  # big = mantissa · 2^exponent, mantissa in [0.5, 1)
+    power = torch.ldexp(torch.ones_like(big), exponent - 1)  # 2^(exponent-1) <= big < 2^exponent; finite
+    return torch.where(big > limit, power, torch.ones_like(big))
+
+
 def group_std(x: Tensor, mask: Tensor, ddof: int = 1) -> Tensor:
     """Masked std per group; groups with ``count <= ddof`` get 0 (no spread can be measured)."""
     n = group_count(mask)

@@ -2,8 +2,12 @@
 
 Everything a driver needs around its loop, so that the loop itself only runs steps:
 
-  open        ``<out_dir>/<name>`` is created (an existing run needs ``resume`` or ``overwrite``), the resolved
-              config is written, and with ``resume`` the latest complete checkpoint is found
+  open        ``<out_dir>/<name>`` is created (an existing run needs ``resume`` or ``overwrite``; a resumed run
+              must keep its settings except ``RESUMABLE`` ones such as ``trainer.steps``), the resolved
+              config is written (atomically), temporary directories of unfinished saves are removed, and with
+              ``resume`` the newest intact checkpoint is found: newer damaged ones are named with the reason
+              and moved aside to ``damaged-step_*`` (``checkpoint.damage``); ``setup.build`` and ``restore``
+              load only that verified checkpoint
   restore     optimizer, scheduler, counters and every stateful part's state come back from that checkpoint
               (the weights are loaded by ``setup.build``); metric lines after its step are dropped
   save        atomic checkpoints in Hugging Face format plus the trainer state (``checkpoint.py``)
@@ -18,31 +22,82 @@ import json
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from groupwise import checkpoint as ckpt
-from groupwise.config import RunConfig, dump, to_dict
-from groupwise.log import Logger, Progress
+from groupwise.config import RunConfig, diff, to_dict
+from groupwise.log import Logger, Progress, StorageError, io_reason, to_stderr, write_atomic
+from groupwise.registry import ConfigError
+
+CONFIG = "resolved_config.yaml"
+SECTIONS = ("task", "model", "rollout", "reward", "eval")  # what ``groupwise eval RUN`` reads from it
+RESUMABLE = ("trainer.steps", "trainer.save_every", "trainer.keep_last", "trainer.progress", "trainer.sinks",
+             "trainer.threads", "trainer.record_groups", "eval.", "out_dir", "name")
+"""Keys a resumed run may change (prefixes); with a cosine or linear schedule, ``trainer.steps`` also
+changes the rest of the schedule."""
 
 
 class Session:
     def __init__(self, cfg: RunConfig, resume: bool = False, overwrite: bool = False):
         self.cfg, self.run_dir = cfg, cfg.run_dir
-        self.checkpoint = ckpt.latest(self.run_dir) if resume else None
         if not resume and (self.run_dir / "metrics.jsonl").exists() and not overwrite:
             raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume to continue it or --overwrite")
-        if overwrite and not resume:
-            shutil.rmtree(ckpt.checkpoint_dir(self.run_dir), ignore_errors=True)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        dump(cfg, self.run_dir / "resolved_config.yaml")
         self.progress = Progress(cfg.trainer.steps, 0, cfg.trainer.progress)
+        if resume:
+            self._same_settings()
+        self._open_dir(fresh=overwrite and not resume)
+        self.checkpoint = self._find_checkpoint() if resume else None
         self.progress.note(f"run {self.run_dir}" + (f" (resuming from {self.checkpoint.name})"
                                                     if self.checkpoint else ""))
         self.counters = {"gen_tokens_total": 0.0, "wall_s_total": 0.0}
         self.stop: list[int] = []
         self.logger: Logger | None = None
+
+    def _open_dir(self, fresh: bool) -> None:
+        """Create the run directory, write the resolved config, remove unfinished saves."""
+        try:
+            if fresh:
+                shutil.rmtree(ckpt.checkpoint_dir(self.run_dir), ignore_errors=True)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"{self.run_dir}: cannot create the run directory: {io_reason(e) or e}") from None
+        write_atomic(self.run_dir / CONFIG, yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+        stale = ckpt.clean_stale(self.run_dir)
+        if stale:
+            self.progress.note(f"removed {len(stale)} unfinished checkpoint save(s): {', '.join(p.name for p in stale)}")
+
+    def _same_settings(self) -> None:
+        """A resumed run must run what its resolved config says: only the length, saving, logging and eval
+        settings may change (``RESUMABLE``); anything else (seed, lr, group size, a component) is an error."""
+        path = self.run_dir / CONFIG
+        if not path.is_file():
+            return
+        try:
+            before = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError):
+            before = None
+        if not isinstance(before, dict) or not before:
+            self.progress.note(f"warning: {path} is unreadable; resuming without checking that the settings match")
+            return
+        changed = [k for k in diff(before, self.cfg) if not k.startswith(RESUMABLE)]
+        if changed:
+            raise ConfigError(f"{self.run_dir}: --resume with settings that differ from the run's {CONFIG}: "
+                              f"{', '.join(changed)}; resume with the same settings, or start a new run (--overwrite "
+                              f"or another name); only {', '.join(RESUMABLE)} may change")
+
+    def _find_checkpoint(self) -> Path | None:
+        """The newest intact checkpoint; newer damaged ones (each named with its reason) are moved aside, so
+        that new saves and ``keep_last`` never count them."""
+        good, damaged = ckpt.newest_good(self.run_dir, self.progress.note)
+        moved = [ckpt.set_aside(p).name for p in damaged]
+        if moved and good is not None:
+            self.progress.note(f"resuming from {good.name}; moved the damaged checkpoint(s) aside to "
+                               f"{', '.join(moved)} in {ckpt.checkpoint_dir(self.run_dir)}")
+        return good
 
     def restore(self, pipeline: Any) -> int:
         """Load the checkpoint's trainer state into ``pipeline``; open the logger; return the next step."""
@@ -55,7 +110,7 @@ class Session:
             for key, part in pipeline.stateful().items():
                 part.load_state_dict(state["components"][key])
         self.logger = Logger(self.run_dir, self.cfg.trainer.sinks, to_dict(self.cfg),
-                             start if self.checkpoint else None)
+                             start if self.checkpoint else None, note=self.progress.note)
         self.progress.update(start, {})
         return start
 
@@ -117,11 +172,38 @@ class Session:
         if self.logger is not None:
             self.logger.close()
         if result is not None:
-            (self.run_dir / "summary.json").write_text(json.dumps(result, indent=1))
+            write_atomic(self.run_dir / "summary.json", json.dumps(result, indent=1))
 
 
-def latest_model_dir(run_dir: str | Path) -> Path:
-    last = ckpt.latest(Path(run_dir))
+def latest_model_dir(run_dir: str | Path, note: Callable[[str], None] = to_stderr) -> Path:
+    """The model of the run's newest intact checkpoint (damaged newer ones are named through ``note``)."""
+    last, _ = ckpt.newest_good(Path(run_dir), note)
     if last is None:
-        raise FileNotFoundError(f"{run_dir}: no complete checkpoint")
+        raise FileNotFoundError(f"{ckpt.checkpoint_dir(Path(run_dir))}: no checkpoint")
     return last / "model"
+
+
+def is_run_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return any((path / name).exists() for name in (CONFIG, "metrics.jsonl", "checkpoints"))
+
+
+def run_config(run_dir: str | Path) -> Path:
+    """The run's ``resolved_config.yaml``, refused (one line naming it) if it is missing, empty, not YAML or
+    not a complete resolved config (every section is written, so a missing one means the file was cut)."""
+    path = Path(run_dir) / CONFIG
+    hint = "pass --recipe RECIPE to evaluate this run's checkpoints with that recipe's settings"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing, so the run's task and eval settings are unknown; {hint}")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e}); {hint}") from None
+    if not tree:
+        raise ConfigError(f"{path}: empty (the resolved config was lost); {hint}")
+    missing = [k for k in SECTIONS if not isinstance(tree, dict) or k not in tree]
+    if missing:
+        raise ConfigError(f"{path}: incomplete resolved config (missing: {', '.join(missing)}); {hint}")
+    return path

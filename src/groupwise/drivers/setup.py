@@ -21,8 +21,9 @@ from torch import Tensor
 
 from groupwise import catalog
 from groupwise.advantages import Advantage, AdvantageTransform
-from groupwise.config import RunConfig
+from groupwise.config import RunConfig, loss_needs
 from groupwise.credit import Credit
+from groupwise.drivers.record import Recorder
 from groupwise.filter import Filter
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import load_model, load_pretrained
@@ -116,6 +117,7 @@ class Pipeline:
     teacher: CountingTeacher | None
     learner: Learner
     parts: list[Part]
+    recorder: Recorder
 
     def encode(self, problem: Problem) -> Tensor:
         return encode(problem, self.tokenizer, self.cfg.model.chat_template)
@@ -210,15 +212,20 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Pipe
     terms = bind_terms(cfg.reward.terms, env)
     parts += [Part(f"reward{i}/{t.entry.name}", t.term, t.entry) for i, t in enumerate(terms)]
     filter_, buffer = make("filter", cfg.filter), make("buffer", cfg.replay)
-    teacher = make("teacher", cfg.teacher)
+    needs = loss_needs(cfg)
+    # like the reference model, a teacher exists only when an active loss term reads it
+    teacher = make("teacher", cfg.teacher) if needs & {"teacher", "teacher_topk", "teacher_vocab"} else None
     counted = CountingTeacher(teacher) if teacher is not None else None
-    needs = {n for t in cfg.loss.terms if t.weight != 0 for n in catalog.registry("loss").get(t.name).needs}
     learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, initial() if "ref" in needs else None,
                                   counted)
-    return Pipeline(
+    resume_step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else None
+    pipe = Pipeline(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
         generator=CountingGenerator(catalog.build(cfg.rollout.generator, env)), builder=builder,
         transforms=transforms, reward=RewardStage(task, terms, cfg.reward.verifier_timeout_s), filter=filter_,
         advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
         replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
-        parts=parts)
+        parts=parts, recorder=Recorder(cfg.run_dir, cfg.trainer.record_groups, tokenizer, task, resume_step, teacher))
+    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*)
+    pipe.recorder.policy_logprobs = pipe.policy_logprobs
+    return pipe

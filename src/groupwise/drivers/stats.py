@@ -1,4 +1,8 @@
-"""Per-step metrics computed from the step's groups (rollout and reward stages) and advantages."""
+"""Per-step metrics computed from the step's groups (rollout and reward stages) and advantages.
+
+Metrics never raise: the reward stage keeps rewards finite, and should a non-finite reward reach here anyway
+(a component that sets ``Sample.reward`` itself) its statistics are NaN in the log, not a crash after the
+update (which a ``--resume`` would repeat at the same step)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
     lengths = [s.length for s in samples]
     m = {
         "reward/mean": statistics.fmean(s.reward for s in samples),
-        "reward/std": statistics.pstdev([s.reward for s in samples]),
+        "reward/std": _pstdev([s.reward for s in samples]),
         "reward/correct_frac": statistics.fmean(s.correct for s in samples),
         "reward/verifier_error_frac": statistics.fmean(s.verifier_error for s in samples),
         "rollout/completion_len_mean": statistics.fmean(lengths),
@@ -35,6 +39,11 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
         if len(values) < len(samples):
             m[f"reward/{name}_none_frac"] = 1.0 - len(values) / len(samples)
     return m
+
+
+def _pstdev(values: list[float]) -> float:
+    """Population std; NaN if a value is not finite (``statistics.pstdev`` raises on NaN / inf)."""
+    return statistics.pstdev(values) if all(map(math.isfinite, values)) else math.nan
 
 
 def advantage_metrics(adv: Tensor, mask: Tensor) -> dict[str, float]:

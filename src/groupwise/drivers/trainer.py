@@ -21,6 +21,7 @@ from groupwise.drivers.session import Session, latest_model_dir  # noqa: F401  (
 from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.stats import advantage_metrics, group_metrics
 from groupwise.eval import evaluate
+from groupwise.log import write_atomic
 from groupwise.types import Group, ScoredBatch, TokenBatch
 
 
@@ -34,6 +35,7 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     def make(k: int) -> list[Group]:
         groups = p.builder(p.selector.next(step, k, ctx), ctx)
         p.reward(groups, step)
+        p.recorder.seen(groups)
         for spec, transform in zip(cfg.rollout.transforms, p.transforms):
             groups = transform(groups, ctx)
             require_scored(groups, f"group transform '{spec.name}'")
@@ -62,6 +64,7 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
         p.teacher.on_step(step, p.policy)
 
     t_update, gen = time.perf_counter() - t1, p.generator
+    metrics.update(p.recorder.record(step, rollouts, tokens, replayed))  # a bounded sample, for `groupwise inspect`
     metrics.update(group_metrics(rollouts))
     metrics.update(advantage_metrics(adv, batch.mask))
     metrics.update(p.component_metrics())
@@ -92,8 +95,7 @@ def run_eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, fl
                                 timeout_s=p.cfg.reward.verifier_timeout_s)
     out = p.cfg.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    with (out / f"{tag}.jsonl").open("w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    write_atomic(out / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     assert session.logger is not None
     session.logger.log(step, metrics)
     session.progress.note(f"[{tag}] step {step}: mean@{e.k} {metrics.get('eval/mean_at_k', 0):.3f}  "

@@ -2,7 +2,9 @@
 
 ``embedded:<preset>`` builds the tiny Llama + character tokenizer (``tiny.py``) and, when
 ``model.warm_start`` is on, starts from the cached SFT warm start on the task's traces (``warm_start.py``).
-A local directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and nothing is downloaded.
+A local directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and nothing is downloaded. A
+directory that does not load (a bad ``config.json``, a missing tokenizer) and a ``model.device`` this machine
+does not have are one-line ``ConfigError``s naming the key.
 """
 
 from __future__ import annotations
@@ -26,9 +28,27 @@ def load_pretrained(path: str | Path, dtype: str = "float32", device: str = "cpu
     if not (path / "config.json").exists():
         raise ConfigError(f"model.path: '{path}' is not a local Hugging Face model directory (no config.json); "
                           "use a local directory or embedded:lab-tiny / embedded:lab-small")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # bad config.json, unknown type, no tokenizer
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ConfigError(f"model.path: '{path}' does not load as a Hugging Face causal LM "
+                          f"({type(e).__name__}: {first}); allowed: a model directory saved by "
+                          "save_pretrained, or embedded:lab-tiny / embedded:lab-small") from None
     return prepare(model, tokenizer, dtype, device)
+
+
+def check_device(device: str) -> None:
+    """``model.device`` exists on this machine (its syntax is checked when the config loads)."""
+    d = torch.device(device)
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}.get(d.type)
+    if available is not None and not available():
+        raise ConfigError(f"model.device={device!r}: no {d.type} device on this machine; allowed: cpu"
+                          + (", cuda" if torch.cuda.is_available() else ""))
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ConfigError(f"model.device={device!r}: this machine has {torch.cuda.device_count()} CUDA "
+                          f"device(s); allowed: cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
 
 
 def prepare(model, tokenizer, dtype: str, device: str):
@@ -41,6 +61,7 @@ def prepare(model, tokenizer, dtype: str, device: str):
 
 def load_model(cfg: ModelConfig, task=None, progress=None):
     """The policy and its tokenizer, as the run config asks (see module docstring)."""
+    check_device(cfg.device)
     if not cfg.path.startswith("embedded:"):
         return load_pretrained(cfg.path, cfg.dtype, cfg.device)
     from groupwise.models import tiny

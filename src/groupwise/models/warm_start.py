@@ -1,8 +1,16 @@
-"""The SFT warm start for embedded models, cached on disk and keyed by everything that shapes it.
+"""The SFT warm start for embedded models: packaged for every recipe's setting, else built and cached.
 
-Key = sha256 of (preset, task name + task config, steps, lr, batch, seed 0, format version). The cache
-lives in ``$GROUPWISE_CACHE`` (default ``~/.cache/groupwise``)/warm_start/<preset>-<key>; it is written to a
-temporary directory and renamed into place, under a file lock, so concurrent runs build it once.
+Key = sha256 of (preset, task name, the task config's fields that differ from their defaults, steps, lr,
+batch, format version): adding a field with a default to a task config does not change existing keys. The
+cache lives in ``$GROUPWISE_CACHE`` (default ``~/.cache/groupwise``)/warm_start/<preset>-<key>; it is written
+to a temporary directory and renamed into place, under a file lock, so concurrent runs build it once.
+
+Packaged warm starts: the package ships the warm start of every setting its recipes use
+(``groupwise/data/warm_starts/<preset>-<key>/``, ~3.1 MB each, the same bytes a build on the reference
+machine writes), so the first run of a recipe starts RL at once; a missing key is copied from there into the
+cache, else built. ``python -m groupwise.models.warm_start recipes/*.yaml`` rebuilds and packages them
+(``tests/test_warm_starts_packaged.py`` fails when a recipe's setting has no packaged warm start).
+
 The warm start uses a fixed seed: RL seeds vary the RL run, not the starting policy.
 Loss: token-mean cross-entropy on completion tokens (EOS included); AdamW (0.9, 0.95), linear warm-up
 over 10 steps then cosine decay; fresh procedural traces every step.
@@ -10,13 +18,16 @@ over 10 steps then cosine decay; fresh procedural traces every step.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
 import random
 import shutil
+import sys
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -25,15 +36,36 @@ from groupwise.config import ModelConfig, to_dict
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.tasks.base import render_prompt
 
-VERSION = 1
+VERSION = 2  # 2: the key hashes only non-default task fields
+FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+         "chat_template.jinja", "warm_start.json")
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("GROUPWISE_CACHE", Path.home() / ".cache" / "groupwise"))
 
 
+def packaged_root() -> Path:
+    return Path(str(resources.files("groupwise") / "data" / "warm_starts"))
+
+
+def non_default(cfg) -> dict:
+    """The config's fields whose values differ from the dataclass defaults (required fields always)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if not f.init:
+            continue
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        value = getattr(cfg, f.name)
+        if not has_default or value != default:
+            out[f.name] = to_dict(value)
+    return out
+
+
 def warm_start_key(preset: str, task, cfg: ModelConfig) -> str:
-    blob = json.dumps({"v": VERSION, "preset": preset, "task": task.name, "task_cfg": to_dict(task.cfg),
+    blob = json.dumps({"v": VERSION, "preset": preset, "task": task.name, "task_cfg": non_default(task.cfg),
                        "steps": cfg.warm_start_steps, "lr": cfg.warm_start_lr, "batch": cfg.warm_start_batch},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -49,16 +81,22 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None) -> Pat
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "config.json").exists():
             return final
-        if progress is not None:  # say why this run is slow once
-            print(f"building the warm start for this config ({cfg.warm_start_steps} SFT steps); it will be cached "
-                  f"in {final}", flush=True)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
         try:
-            model, tokenizer = sft(preset, task, cfg, progress)
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            (tmp / "warm_start.json").write_text(json.dumps({"preset": preset, "task": to_dict(task.cfg),
-                                                            "steps": cfg.warm_start_steps}, indent=1))
+            packaged = packaged_root() / final.name
+            if (packaged / "model.safetensors").is_file():
+                for name in FILES:
+                    if (packaged / name).is_file():
+                        shutil.copyfile(packaged / name, tmp / name)
+            else:
+                if progress is not None:  # say why this run is slow once
+                    print(f"building the warm start for this config ({cfg.warm_start_steps} SFT steps); it will be "
+                          f"cached in {final}", flush=True)
+                model, tokenizer = sft(preset, task, cfg, progress)
+                model.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+                (tmp / "warm_start.json").write_text(json.dumps({"preset": preset, "task": to_dict(task.cfg),
+                                                                "steps": cfg.warm_start_steps}, indent=1))
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -94,3 +132,32 @@ def sft(preset: str, task, cfg: ModelConfig, progress=None):
             progress(step + 1, steps, loss.item())
     model.eval()
     return model, tokenizer
+
+
+def package(recipes: list[str]) -> list[Path]:
+    """Build (or reuse from the cache) the warm start of every recipe's setting and copy it into the package."""
+    from groupwise import catalog
+    from groupwise.config import load
+    from groupwise.registry import BuildEnv
+
+    out = []
+    for recipe in recipes:
+        cfg = load(recipe)
+        if not (cfg.model.path.startswith("embedded:") and cfg.model.warm_start and cfg.model.warm_start_steps):
+            continue
+        task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+        src = ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model, progress=lambda *a: None)
+        dst = packaged_root() / src.name
+        if not (dst / "model.safetensors").is_file():
+            dst.mkdir(parents=True, exist_ok=True)
+            for name in FILES:
+                if (src / name).is_file():
+                    shutil.copyfile(src / name, dst / name)
+            print(f"packaged {dst.name} ({recipe})", flush=True)
+        out.append(dst)
+    return out
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # the thread count the packaged warm starts were built with (bit-reproducible)
+    package(sys.argv[1:])

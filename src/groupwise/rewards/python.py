@@ -10,8 +10,9 @@ keyword argument with one value per completion (the ``jsonl`` task keeps its row
 ``answer``, ``reference``, ``difficulty`` and ``problem_id``); ``trainer_state`` has ``global_step`` and
 ``max_steps``; ``log_metric(name, value)`` adds ``reward/<label>/<name>`` to the step's metrics (mean over the
 step's calls); ``log_extra`` is accepted and ignored. ``None`` (or NaN) means "not applicable": the term adds
-nothing to that sample's reward. The metric name is the function's name (``reward/score``) unless ``label``
-is set.
+nothing to that sample's reward; ±inf (or a value whose weighted sum overflows) is a failure on that sample,
+counted like an exception (the reward stage keeps every reward finite). The metric name is the function's
+name (``reward/score``) unless ``label`` is set.
 
 Failures never kill the run: if the batch call raises, each sample is retried alone and the ones that still
 raise get None and are counted (``reward/<label>_errors``, first one printed with the sample); a call over

@@ -7,7 +7,9 @@ weighted reward terms into ``Sample.reward``.
             sample a builder disqualified (``Sample.disqualified``, e.g. over its mode's cap) is graded
             incorrect without a verifier call.
   terms     ``reward = Σ_k w_k · v_k`` over the terms whose value is not None; ``reward_terms[label]`` keeps
-            each raw value (NaN for None = "not applicable"; a NaN value counts as None, as in TRL).
+            each raw value (NaN for None = "not applicable"; a NaN value counts as None, as in TRL). A value
+            that would make the reward non-finite (±inf, or w·v overflowing the sum) is a failure of that term
+            on that sample (below), so ``Sample.reward`` is always finite.
   failures  a term that raises is counted, never fatal: its values for that call are None, the step's count
             is ``reward/<label>_errors``, and the first failure of each term is printed once with the term's
             name, the sample and the exception's first line. A term that scores most samples but fails on
@@ -119,6 +121,10 @@ class RewardStage:
             values = self._values(t, groups, step)
             for g, vals, tot in zip(groups, values, totals):
                 for j, (s, v) in enumerate(zip(g.samples, vals)):
+                    if v is not None and not math.isfinite(tot[j] + t.weight * v):
+                        self._count(t, g, s, ValueError(f"value {v!r} (weight {t.weight}) makes the reward "
+                                                        "non-finite"))
+                        v = None
                     s.reward_terms[t.label] = math.nan if v is None else v
                     if v is not None:
                         tot[j] += t.weight * v
@@ -145,9 +151,13 @@ class RewardStage:
             failed = {(i, j): e for i, g in enumerate(groups) for j in range(len(g.samples))}
         for (i, j), e in failed.items():
             values[i][j] = None
-            self._errors[t.label] = self._errors.get(t.label, 0.0) + 1
-            self._report(t.label, groups[i], groups[i].samples[j], e, f"reward/{t.label}_errors")
+            self._count(t, groups[i], groups[i].samples[j], e)
         return values
+
+    def _count(self, t: BoundTerm, group: Group, sample: Sample, exc: BaseException) -> None:
+        """One failure of ``t`` on ``sample``: counted in ``reward/<label>_errors``, the first printed."""
+        self._errors[t.label] = self._errors.get(t.label, 0.0) + 1
+        self._report(t.label, group, sample, exc, f"reward/{t.label}_errors")
 
     def _report(self, name: str, group: Group, sample: Sample, exc: BaseException, metric: str) -> None:
         if name in self._reported:
@@ -176,5 +186,8 @@ def _number(v: Any) -> float | None:
         return None
     if isinstance(v, bool):
         return float(v)
-    f = float(v)  # raises TypeError / ValueError for a non-number
+    try:
+        f = float(v)  # raises TypeError / ValueError for a non-number
+    except OverflowError:  # an int beyond float range: non-finite, a failure on that sample (see __call__)
+        return math.inf
     return None if math.isnan(f) else f

@@ -11,6 +11,11 @@ deterministic ``test_fraction`` of the rows is held out: the rows whose prompt h
 a held-out prompt never appear in ``train``. Every other column of a row is kept in
 ``Problem.meta["columns"]`` (a ``python`` reward term passes them as keyword arguments, as TRL passes dataset
 columns). A path ``groupwise:data/sample_math.jsonl`` names a file shipped inside the package.
+
+Every problem with the data (a missing or unreadable file, bytes that are not UTF-8, a garbage Parquet file,
+a malformed row, a non-finite numeric answer, a prompt over ``max_prompt_chars``) raises ``DataError``, one
+line naming the file and line or row; ``groupwise`` prints it as ``error: <message>``. A UTF-8 byte-order
+mark at the start of a JSONL file is accepted.
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
+class DataError(ValueError):
+    """A problem with a task's data file; the message is one line naming the file:line (or row) and the
+    fix."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JsonlConfig:
     train_path: str = ""
@@ -53,6 +63,8 @@ class JsonlConfig:
     """If set, prompts are chat messages (system, user); else plain text."""
     max_rows: int = 0
     """Read at most this many rows of each file (0 = all)."""
+    max_prompt_chars: int = 20000
+    """A row whose prompt is longer is an error naming the row (a 10 MB prompt would be tokenised and run)."""
     last_number: bool = False
     """Fall back to the last number of a completion when it has no <answer>, \\boxed or #### answer."""
     boxed: math_answers.Boxed = "last"
@@ -77,6 +89,8 @@ class JsonlConfig:
             raise ValueError("prompt_key and answer_key: must be non-empty column names")
         if self.max_rows < 0:
             raise ValueError(f"max_rows={self.max_rows}: allowed >= 0 (0 = all rows)")
+        if self.max_prompt_chars < 1:
+            raise ValueError(f"max_prompt_chars={self.max_prompt_chars}: allowed >= 1")
         for f, allowed in (
             ("boxed", math_answers.BOXED),
             ("truncated_box", math_answers.TRUNCATED_BOX),
@@ -95,24 +109,46 @@ def resolve_path(path: str) -> Path:
 
 # ----------------------------------------------------------------------------------------- reading
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            yield where, row
+    try:
+        with path.open(encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not part of line 1
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+                except ValueError as e:  # e.g. an integer of more than 4300 digits
+                    raise DataError(f"{where}: invalid JSON ({e})") from None
+                yield where, row
+    except UnicodeDecodeError as e:
+        raise DataError(f"{_first_bad_line(path)}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); allowed: "
+                        "a UTF-8 JSONL file (re-encode it, e.g. iconv -t utf-8)") from None
+
+
+def _first_bad_line(path: Path) -> str:
+    """``file:line`` of the first line that is not valid UTF-8 (read again only on that error)."""
+    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"{path}:{lineno}"
+    return str(path)
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(f"{path}: reading Parquet needs pyarrow: pip install 'groupwise[data]'") from None
-    for i, row in enumerate(pq.read_table(path).to_pylist()):
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DataError(f"{path}: not a readable Parquet file ({first})") from None
+    for i, row in enumerate(rows):
         yield f"{path} row {i}", row
 
 
@@ -121,7 +157,7 @@ def _difficulty(value: Any, where: str, key: str) -> int:
         return int(value)
     m = re.search(r"-?\d+", value) if isinstance(value, str) else None
     if m is None:
-        raise ValueError(
+        raise DataError(
             f"{where}: column '{key}' must be an integer (or text like 'Level 3'), got {value!r}"
         )
     return int(m.group(0))
@@ -129,24 +165,30 @@ def _difficulty(value: Any, where: str, key: str) -> int:
 
 def _problem(cfg: JsonlConfig, where: str, row: Any, default_id: str) -> Problem:
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     for key in (cfg.prompt_key, cfg.answer_key, cfg.reference_key, cfg.difficulty_key, cfg.id_key):
         if key and key not in row:
-            raise ValueError(
+            raise DataError(
                 f"{where}: missing column '{key}' (columns: {', '.join(map(str, row)) or 'none'})"
             )
     prompt = row[cfg.prompt_key]
     if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"{where}: column '{cfg.prompt_key}' must be a non-empty string, got {prompt!r:.60}")
+        raise DataError(f"{where}: column '{cfg.prompt_key}' must be a non-empty string, got {prompt!r:.60}")
+    if len(prompt) > cfg.max_prompt_chars:
+        raise DataError(f"{where}: column '{cfg.prompt_key}' has {len(prompt)} characters; allowed <= "
+                        f"max_prompt_chars={cfg.max_prompt_chars} (raise task.max_prompt_chars if intended)")
     raw = row[cfg.answer_key]
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-        raise ValueError(f"{where}: column '{cfg.answer_key}' must be a string or number, got {raw!r:.60}")
+        raise DataError(f"{where}: column '{cfg.answer_key}' must be a string or number, got {raw!r:.60}")
+    if isinstance(raw, float) and not math.isfinite(raw):
+        raise DataError(f"{where}: column '{cfg.answer_key}' is {raw!r}; allowed: a finite number or a "
+                        "string")
     answer = math_answers.gold_answer(str(raw), boxed=cfg.boxed, truncated_box=cfg.truncated_box)
     if not answer:
-        raise ValueError(f"{where}: empty answer in column '{cfg.answer_key}' ({raw!r:.60})")
+        raise DataError(f"{where}: empty answer in column '{cfg.answer_key}' ({raw!r:.60})")
     reference = row[cfg.reference_key] if cfg.reference_key else ""
     if not isinstance(reference, str):
-        raise ValueError(f"{where}: column '{cfg.reference_key}' must be a string, got {reference!r:.60}")
+        raise DataError(f"{where}: column '{cfg.reference_key}' must be a string, got {reference!r:.60}")
     return Problem(
         id=str(row[cfg.id_key]) if cfg.id_key else default_id,
         prompt=(
@@ -164,10 +206,10 @@ def _problem(cfg: JsonlConfig, where: str, row: Any, default_id: str) -> Problem
 
 
 def load_problems(cfg: JsonlConfig, path: str) -> list[Problem]:
-    """Every row of ``path`` as a Problem; a malformed row raises a one-line ValueError naming file:line."""
+    """Every row of ``path`` as a Problem; a malformed row raises a one-line DataError naming file:line."""
     file = resolve_path(path)
     if not file.is_file():
-        raise ValueError(f"{path}: no such file")
+        raise DataError(f"{path}: no such file")
     rows = _parquet_rows(file) if file.suffix.lower() in _PARQUET_SUFFIXES else _jsonl_rows(file)
     out: list[Problem] = []
     seen: dict[str, str] = {}
@@ -176,11 +218,11 @@ def load_problems(cfg: JsonlConfig, path: str) -> list[Problem]:
             break
         p = _problem(cfg, where, row, default_id=f"{file.stem}/{i}")
         if p.id in seen:
-            raise ValueError(f"{where}: duplicate id {p.id!r} (first at {seen[p.id]})")
+            raise DataError(f"{where}: duplicate id {p.id!r} (first at {seen[p.id]})")
         seen[p.id] = where
         out.append(p)
     if not out:
-        raise ValueError(f"{path}: no rows")
+        raise DataError(f"{path}: no rows")
     return out
 
 
@@ -191,14 +233,14 @@ def _user_text(p: Problem) -> str:
 def split_holdout(problems: list[Problem], fraction: float) -> tuple[list[Problem], list[Problem]]:
     """(train, test): the ceil(fraction * n) rows whose prompt hashes lowest are held out, order kept."""
     if len(problems) < 2:
-        raise ValueError(f"need at least 2 rows to hold out a test split, got {len(problems)}")
+        raise DataError(f"need at least 2 rows to hold out a test split, got {len(problems)}; set test_path")
     k = min(len(problems) - 1, max(1, math.ceil(fraction * len(problems))))
     ranked = sorted(problems, key=lambda p: (stable_seed("jsonl-holdout", _user_text(p)), p.id))
     held = {_user_text(p) for p in ranked[:k]}  # a duplicated prompt goes to test, never to both splits
     test = [p for p in problems if _user_text(p) in held]
     train = [p for p in problems if _user_text(p) not in held]
     if not train:
-        raise ValueError("every row has a held-out prompt; set test_path or lower test_fraction")
+        raise DataError("every row has a held-out prompt; set test_path or lower test_fraction")
     return train, test
 
 
@@ -214,8 +256,11 @@ class JsonlTask:
         problems = load_problems(cfg, cfg.train_path)
         if cfg.test_path:
             self.train, self.test = problems, load_problems(cfg, cfg.test_path)
-        else:
+            return
+        try:
             self.train, self.test = split_holdout(problems, cfg.test_fraction)
+        except DataError as e:
+            raise DataError(f"{cfg.train_path}: {e}") from None
 
     def extract_answer(self, completion: str) -> str | None:
         cfg = self.cfg

@@ -1,3 +1,6 @@
+import math
+import re
+
 import pytest
 import yaml
 
@@ -56,7 +59,7 @@ def test_wrong_types():
 
 def test_value_errors_from_post_init_name_the_section(tmp_path):
     p = write(tmp_path, "rollout:\n  group_size: 0\n")
-    with pytest.raises(ConfigError, match=r"r.yaml:2: rollout: prompts_per_step, group_size"):
+    with pytest.raises(ConfigError, match=r"r.yaml:2: rollout: group_size=0: allowed >= 2"):
         load(p)
 
 
@@ -118,3 +121,114 @@ def test_registry_checks_the_member_form_and_declared_needs():
     reg.register("ok")(lambda batch, cfg: (batch, cfg))
     bound = reg.get("ok").build(NoConfig())
     assert bound(3) == (3, NoConfig())  # building a function binds its config
+
+
+# ------------------------------------------------------------------ bad input (issue "Trust what you see")
+@pytest.mark.parametrize("override", ["optim.lr=.inf", "optim.lr=.nan", "optim.lr=inf", "optim.lr=-.inf",
+                                      "reward.terms.0.weight=.nan", "advantage.eps=.inf",
+                                      "optim.betas=[.nan, 0.9]"])
+def test_non_finite_float_knobs_fail_at_load(override):
+    """Before: `lr: .inf` passed `lr <= 0` and wrote an all-NaN checkpoint; `weight: .nan` crashed later."""
+    key = override.partition("=")[0].replace("optim.betas", "optim.betas.0")
+    with pytest.raises(ConfigError, match=rf"^override '{re.escape(override)}': {re.escape(key)}: .* is not "
+                                          r"allowed; allowed: a finite number$"):
+        load("recipes/grpo_lab.yaml", [override])
+
+
+def test_documented_infinity_still_loads(tmp_path):
+    cfg = load(write(tmp_path, "replay: {name: hdr, tau: .inf}\n"))
+    assert cfg.replay.cfg.tau == math.inf
+    assert load(None, ["replay.name=hdr", "replay.tau=inf"]).replay.cfg.tau == math.inf
+    with pytest.raises(ConfigError, match="replay.capacity: expected an integer"):
+        load(None, ["replay.name=hdr", "replay.capacity=.inf"])
+
+
+def test_override_indexes_a_default_list_the_recipe_does_not_spell_out():
+    """Before: 'recipes/grpo_lab.yaml:4: loss.terms: expected a list of loss entries' (line 4 is `name:`)."""
+    cfg = load("recipes/grpo_lab.yaml", ["loss.terms.0.clip_high=0.28"])
+    assert [(s.name, s.weight, s.cfg.clip_low, s.cfg.clip_high) for s in cfg.loss.terms] == [
+        ("ppo_clip", 1.0, 0.2, 0.28)]
+    with pytest.raises(ConfigError, match=r"^override 'loss.terms.2.clip_high=1': 'loss.terms.2' indexes a "
+                                          r"list of 1 items$"):
+        load("recipes/grpo_lab.yaml", ["loss.terms.2.clip_high=1"])
+    with pytest.raises(ConfigError, match=r"^override 'loss.terms.0.clip_high=-1': loss.terms.0: "):
+        load("recipes/grpo_lab.yaml", ["loss.terms.0.clip_high=-1"])
+
+
+def test_range_error_from_an_override_cites_the_override(tmp_path):
+    """Before: 'r.yaml:2: rollout: ...' (the recipe's section line), though the recipe's value was fine."""
+    p = write(tmp_path, "seed: 1\nrollout:\n  group_size: 8\n  prompts_per_step: 4\n")
+    with pytest.raises(ConfigError, match=r"^override 'rollout.prompts_per_step=0': rollout: "
+                                          r"prompts_per_step=0: allowed >= 1$"):
+        load(p, ["rollout.prompts_per_step=0"])
+    with pytest.raises(ConfigError, match=r"r.yaml:3: rollout: group_size=1: allowed >= 2"):
+        load(write(tmp_path, "seed: 1\nrollout:\n  group_size: 1\n  prompts_per_step: 4\n"), ["seed=2"])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("optim.betas=[2,3]", "optim: betas=(2.0, 3.0): allowed two numbers in [0, 1)"),
+    ("optim.eps=-1", "optim: eps=-1.0: allowed >= 0"),
+    ("optim.weight_decay=-0.1", "optim: weight_decay=-0.1: allowed >= 0"),
+    ("optim.grad_clip=-1", "optim: grad_clip=-1.0: allowed >= 0 (0 disables clipping)"),
+    ("trainer.threads=-1", "trainer: threads=-1: allowed >= 0"),
+    ("model.device=banana", "model: device='banana': allowed a torch device"),
+    ("model.device=cuda:x", "model: device='cuda:x': allowed a torch device"),
+    ("rollout.group_size=1", "rollout: group_size=1: allowed >= 2"),
+    ("eval.k=0", "eval: k=0: allowed >= 1"),
+    ("eval.n_problems=-1", "eval: n_problems=-1: allowed >= 1"),
+    ("reward.verifier_timeout_s=-1", "reward: verifier_timeout_s=-1.0: allowed >= 0 (0 disables the "
+                                     "timeout)"),
+    ("name=../escape", "name='../escape': allowed a plain directory name"),
+    ("name=a/b", "name='a/b': allowed a plain directory name"),
+    ("name=..", "name='..': allowed a plain directory name"),
+])
+def test_out_of_range_values_are_one_line_errors(override, message):
+    """Before: each was accepted silently or crashed later with a traceback (torch's optimizer,
+    set_num_threads, model.to, a run written outside out_dir)."""
+    with pytest.raises(ConfigError) as e:
+        load("recipes/grpo_lab.yaml", [override])
+    assert str(e.value).startswith(f"override '{override}': {message}") and "\n" not in str(e.value)
+
+
+def test_duplicate_yaml_key_names_both_lines(tmp_path):
+    """Before: the second `steps` silently won."""
+    p = write(tmp_path, "trainer:\n  steps: 3\n  save_every: 1\n  steps: 5\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(p))}:4: trainer.steps: duplicate key \(first at "
+                                          rf"{re.escape(str(p))}:2\); allowed: each key once$"):
+        load(p)
+
+
+def test_recipe_that_is_a_directory_or_not_utf8(tmp_path):
+    """Before: IsADirectoryError / UnicodeDecodeError tracebacks."""
+    with pytest.raises(ConfigError, match=rf"^recipe {re.escape(str(tmp_path))}: not a file"):
+        load(tmp_path)
+    p = tmp_path / "bad.yaml"
+    p.write_bytes(b"trainer:\n  steps: 3 # caf\xff\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(p))}:2: not UTF-8 text \(byte 0xff\)"):
+        load(p)
+    p.write_bytes(b"\xef\xbb\xbftrainer:\n  steps: 3\n")  # a byte-order mark is fine
+    assert load(p).trainer.steps == 3
+
+
+def test_out_dir_that_is_a_file(tmp_path):
+    """Before: NotADirectoryError from mkdir when the run started."""
+    f = tmp_path / "notes.txt"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match=rf"^override 'out_dir={re.escape(str(f))}': out_dir: .* is a file; "
+                                          "allowed: a directory"):
+        load(None, [f"out_dir={f}"])
+    with pytest.raises(ConfigError, match=r"out_dir: .* is a file"):
+        load(None, [f"out_dir={f}/runs"])
+    assert load(None, [f"out_dir={tmp_path}/new/runs"]).run_dir == tmp_path / "new" / "runs" / "run"
+
+
+def test_diff_lists_the_dotted_keys_that_differ():
+    from groupwise.config import diff
+
+    a = load("recipes/grpo_lab.yaml")
+    b = load("recipes/grpo_lab.yaml", ["seed=3", "rollout.group_size=4", "optim.lr=2e-4",
+                                       "loss.terms.0.clip_high=0.28"])
+    assert diff(a, b) == ["seed", "rollout.group_size", "loss.terms.0.clip_high", "optim.lr"]
+    assert diff(a, a) == [] and diff(to_dict(a), b) == diff(a, b)
+    c = load("recipes/grpo_lab.yaml", ["advantage.name=rloo", "reward.terms=[correctness, format]"])
+    assert diff(a, c) == ["reward.terms", "advantage.name", "advantage.eps", "advantage.ddof"]

@@ -136,3 +136,31 @@ def test_a_term_calling_sys_exit_is_counted():
     g = Group(Problem("p", "q", "7"), [sample("7")])
     stage([g], 0)
     assert g.samples[0].reward == 0.0 and stage.metrics() == {"reward/quits_errors": 1.0}
+
+
+def test_a_value_that_makes_the_reward_non_finite_is_a_counted_error_of_that_sample(capsys):
+    """Before: inf became the reward (and weight 0 × inf a NaN one); ``statistics.pstdev`` then crashed after
+    the update, at the same step on every ``--resume``. Now only the offending sample's term adds nothing."""
+    # a: [inf, 1, -inf, 10**400 (beyond float), 1e308] (weight 2: 2e308 overflows); b: 0.5 each;
+    # c (weight 0, logged only): inf on sample 0
+    a = bound("a", lambda groups, step: [[math.inf, 1.0, -math.inf, 10**400, 1e308]], 2.0)
+    b = bound("b", lambda groups, step: [[0.5] * 5])
+    c = bound("c", lambda groups, step: [[math.inf, 0.0, 0.0, 0.0, 0.0]], 0.0)
+    g = Group(Problem("p", "q", "7"), [sample("7") for _ in range(5)])
+    stage = RewardStage(CrashyTask(), [a, b, c], 1.0)
+    stage([g], 0)
+    assert [s.reward for s in g.samples] == [0.5, 2.5, 0.5, 0.5, 0.5]  # 2 × 1 + 0.5 on the one finite sample
+    assert [math.isnan(s.reward_terms["a"]) for s in g.samples] == [True, False, True, True, True]
+    assert math.isnan(g.samples[0].reward_terms["c"]) and g.samples[1].reward_terms["c"] == 0.0
+    assert stage.metrics() == {"reward/a_errors": 4.0, "reward/b_errors": 0.0, "reward/c_errors": 1.0}
+    assert "reward 'a' failed" in capsys.readouterr().err
+
+
+def test_a_sum_that_overflows_is_charged_to_the_term_that_overflows_it():
+    a = bound("a", lambda groups, step: [[1e308, 1.0]])
+    b = bound("b", lambda groups, step: [[1e308, 1.0]])
+    g = Group(Problem("p", "q", "7"), [sample("7"), sample("7")])
+    stage = RewardStage(CrashyTask(), [a, b], 1.0)
+    stage([g], 0)
+    assert [s.reward for s in g.samples] == [1e308, 2.0]
+    assert stage.metrics() == {"reward/a_errors": 0.0, "reward/b_errors": 1.0}

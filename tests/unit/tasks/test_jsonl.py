@@ -2,13 +2,14 @@ import dataclasses
 import json
 import random
 import sys
+import time
 import types
 
 import math_verify
 import pytest
 
 from groupwise.tasks import TASKS
-from groupwise.tasks.jsonl import SAMPLE_PATH, JsonlConfig, JsonlTask, resolve_path
+from groupwise.tasks.jsonl import SAMPLE_PATH, DataError, JsonlConfig, JsonlTask, resolve_path
 from groupwise.tasks.math_answers import AnswerTooCostly
 
 SAMPLE = dict(train_path=SAMPLE_PATH, reference_key="solution", difficulty_key="level", id_key="id")
@@ -163,7 +164,7 @@ BAD_ROWS = [
 @pytest.mark.parametrize("bad,message", BAD_ROWS)
 def test_malformed_row_names_file_and_line(tmp_path, bad, message):
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "ok", "answer": "1"}, "", bad])  # line 2 is blank
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(DataError) as e:  # the CLI prints a DataError as one line (was a bare ValueError)
         JsonlTask(JsonlConfig(train_path=path))
     assert f"{path}:3: " in str(e.value) and message in str(e.value)
     assert "\n" not in str(e.value)
@@ -256,3 +257,69 @@ def test_missing_file_and_too_few_rows(tmp_path):
         JsonlTask(
             JsonlConfig(train_path=write_jsonl(tmp_path / "one.jsonl", [{"question": "q", "answer": 1}]))
         )
+
+
+# ------------------------------------------------------------------ bad input (issue "Trust what you see")
+def test_non_utf8_byte_names_file_and_line(tmp_path):
+    """Before: a UnicodeDecodeError naming no file."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"question": "q1", "answer": "1"}\n{"question": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(DataError, match=rf"^{path}:2: not UTF-8 text \(byte 0xe9\); allowed: a UTF-8 JSONL"):
+        JsonlTask(JsonlConfig(train_path=str(path)))
+
+
+def test_utf8_byte_order_mark_is_accepted(tmp_path):
+    """Before: 'd.jsonl:1: invalid JSON (Unexpected UTF-8 BOM ...)'."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"question": "q1", "answer": "1"}\n{"question": "q2", "answer": "2"}\n')
+    task = JsonlTask(JsonlConfig(train_path=str(path)))
+    assert sorted(p.answer for p in [*task.train, *task.test]) == ["1", "2"]
+
+
+def test_garbage_parquet_is_one_line_naming_the_file(tmp_path):
+    """Before: a raw pyarrow ArrowInvalid traceback."""
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "d.parquet"
+    path.write_bytes(b"this is not parquet at all" * 10)
+    with pytest.raises(DataError, match=rf"^{path}: not a readable Parquet file \(") as e:
+        JsonlTask(JsonlConfig(train_path=str(path)))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numeric_answer_is_rejected(tmp_path, literal):
+    """Before: `"answer": NaN` became the gold answer "nan"."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"question": "q1", "answer": 1}\n{"question": "q2", "answer": ' + literal + "}\n")
+    with pytest.raises(DataError, match=rf"^{path}:2: column 'answer' is -?(nan|inf); allowed: a finite"):
+        JsonlTask(JsonlConfig(train_path=str(path)))
+
+
+def test_prompt_over_max_prompt_chars_names_the_row(tmp_path):
+    """Before: a 10 MB prompt loaded and later tried to allocate ~107 GB."""
+    rows = [{"question": "q", "answer": "1"}, {"question": "x" * 20001, "answer": "2"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(DataError, match=rf"^{path}:2: column 'question' has 20001 characters; allowed <= "
+                                        r"max_prompt_chars=20000"):
+        JsonlTask(JsonlConfig(train_path=path))
+    task = JsonlTask(JsonlConfig(train_path=path, max_prompt_chars=30000))
+    assert len(task.train) + len(task.test) == 2
+    with pytest.raises(ValueError, match="max_prompt_chars=0: allowed >= 1"):
+        JsonlConfig(train_path=path, max_prompt_chars=0)
+
+
+def test_long_gold_answer_loads_in_linear_time(tmp_path):
+    """Before: the trailing-dots regex of ``normalize`` was quadratic (20k characters: 19 s, this: 5 min)."""
+    long = "1" + " ." * 50000 + "x"
+    rows = [{"question": "q1", "answer": long}, {"question": "q2", "answer": "2"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    t0 = time.perf_counter()
+    task = JsonlTask(JsonlConfig(train_path=path))
+    assert time.perf_counter() - t0 < 2.0
+    assert {p.answer for p in [*task.train, *task.test]} == {long, "2"}
+
+
+def test_too_few_rows_names_the_file(tmp_path):
+    path = write_jsonl(tmp_path / "one.jsonl", [{"question": "q", "answer": 1}])
+    with pytest.raises(DataError, match=rf"^{path}: need at least 2 rows to hold out a test split"):
+        JsonlTask(JsonlConfig(train_path=path))

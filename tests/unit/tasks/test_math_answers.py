@@ -300,3 +300,29 @@ def test_works_outside_the_main_thread():
     th.start()
     th.join()
     assert out == [True]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("1" + " ." * 20000 + "x", "1" + " ." * 20000 + "x"),  # a run of " ." not at the end: nothing to strip
+    ("1" + "." * 40000 + "x", "1" + "." * 40000 + "x"),
+    ("7" + " ." * 20000, "7"),  # a trailing run is stripped whole
+    ("$5$" + " ." * 20000 + "\n", "5"),
+])
+def test_normalize_is_linear_in_trailing_dots(text, expected):
+    """Before: ``re.sub(r"[\\s.]+$", ...)`` and ``re.sub(r"\\.+$", ...)`` retried the run of dots from each of
+    its positions, quadratic: 19 s for the first 40k-character string, which hung loading a data file."""
+    t0 = time.perf_counter()
+    assert math_answers.normalize(text) == expected
+    assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("\\boxed{" * 5000 + "5" + "}" * 5000, "5"),
+    ("\\boxed{ " * 3000 + "\\boxed{1} \\fbox 2 " + "}" * 3000, "2"),  # the last top-level box at every depth
+    ("\\boxed{" * 3000 + "5" + "}" * 2999, ""),  # unterminated: no answer
+])
+def test_normalize_is_linear_in_box_nesting(text, expected):
+    """Before: each nesting level re-scanned the whole string in Python: 4000 levels (32k characters): 12 s."""
+    t0 = time.perf_counter()
+    assert math_answers.normalize(text) == expected
+    assert time.perf_counter() - t0 < 0.5

@@ -1,0 +1,164 @@
+"""Rollout recording for ``groupwise inspect``: a bounded sample of every step's groups, one JSON line per step
+in ``<run_dir>/rollouts.jsonl`` (docs/inspect.md).
+
+Two hooks in ``trainer.rl_step``: ``seen(groups)`` after the reward stage and before the group transforms
+(which samples existed), and ``record(step, rollouts, tokens, replayed)`` after the update. Per step at most
+``trainer.record_groups`` groups of each kind are kept, in generation order: ``trained`` (fresh groups that
+reached the update), ``filtered`` (dropped by the filter stage), ``dropped`` (removed whole by a transform)
+and ``replayed`` (the groups behind the ``TokenBatch`` rows with ``replayed`` True). Each sample carries its
+reward terms, correct / format flags and ``edited`` (``meta["dre_edited"]``); a sample that existed after the
+reward stage but not after the transforms (QLPO's over-generated ones, or the original of a DRE ``replace``
+edit) is kept next to its group with ``dropped`` True.
+
+Per-token signals, on the rows the update saw: ``advantage`` (after credit), ``loss_weight``, ``teacher_gap``
+(log π_T − log π_θ, only with a teacher: one policy pass and one teacher pass over the recorded rows, after
+the update, through the teacher's inner object so that ``teacher/forwards`` counts training passes only) and
+``mode`` (1 on the mode token of a sample with ``meta["mode"]``). Cost per step: ``perf/record_s`` (and
+``perf/record_teacher_s``). Lines carry the metrics' step number (``step + 1``); a recorder created with a
+resume step drops the lines after it, as ``log.Logger`` drops metric lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from groupwise.log import read_lines, write_atomic
+from groupwise.teachers import TeacherWant
+from groupwise.types import Group, Problem, Replayed, Sample, TokenBatch
+
+KINDS = ("trained", "filtered", "dropped", "replayed")
+Row = tuple[Sample, int | None, str]  # a sample, its TokenBatch row (None: not trained), its flag
+
+
+def _num(x: float, digits: int = 4) -> float | None:
+    """A JSON-safe float (NaN and inf become null), rounded to keep the file small."""
+    x = float(x)
+    return round(x, digits) if math.isfinite(x) else None
+
+
+def prompt_text(problem: Problem) -> str:
+    if isinstance(problem.prompt, str):
+        return problem.prompt
+    return "\n".join(f"{m['role']}: {m['content']}" for m in problem.prompt)
+
+
+def pick(seen: list[tuple[Group, list[Sample]]], rollouts: list[Group], tokens: TokenBatch,
+         replayed: list[Replayed], n: int) -> list[tuple[str, Group, list[Row]]]:
+    """The groups to record, ``n`` per kind at most: (kind, group, rows); a group's rows are its samples, then
+    the ones a transform removed from it (``seen`` holds each group as it was after the reward stage)."""
+    alive = {id(s) for g in rollouts for s in g.samples}
+    origin = {id(s): i for i, (_, ss) in enumerate(seen) for s in ss}
+    removed = {i: [s for s in ss if id(s) not in alive] for i, (_, ss) in enumerate(seen)}
+    fresh = tokens.replayed.logical_not().tolist()
+    row_of = {id(s): b for b, s in enumerate(tokens.samples) if fresh[b]}
+    out: list[tuple[str, Group, list[Row]]] = []
+    count = dict.fromkeys(KINDS, 0)
+
+    def take(kind: str, g: Group, rows: list[Row]) -> None:
+        if count[kind] < n:
+            count[kind] += 1
+            out.append((kind, g, rows))
+
+    for g in rollouts:
+        i = next((origin[id(s)] for s in g.samples if id(s) in origin), None)
+        extra = [(s, None, "dropped") for s in removed.pop(i, [])] if i is not None else []
+        trained = any(id(s) in row_of for s in g.samples)
+        rows: list[Row] = [(s, row_of.get(id(s)), "" if trained else "filtered") for s in g.samples]
+        take("trained" if trained else "filtered", g, rows + extra)
+    for i, ss in removed.items():  # left over: groups none of whose samples survived the transforms
+        if ss:
+            take("dropped", seen[i][0], [(s, None, "dropped") for s in ss])
+    offset = sum(fresh)
+    for r in replayed:
+        take("replayed", r.group, [(s, offset + j, "replayed") for j, s in enumerate(r.group.samples)])
+        offset += len(r.group.samples)
+    return out
+
+
+class Recorder:
+    """Writes a bounded sample of each step's rollouts (``n_groups`` per kind; 0 records nothing)."""
+
+    def __init__(self, run_dir: str | Path, n_groups: int, tokenizer: Any, task: Any, resume_step: int | None = None,
+                 teacher: Any = None, policy_logprobs: Callable[[list[Sample]], list[Tensor]] | None = None):
+        self.path = Path(run_dir) / "rollouts.jsonl"
+        self.n, self.tokenizer, self.task = n_groups, tokenizer, task
+        self.teacher, self.policy_logprobs = teacher, policy_logprobs
+        self._seen: list[tuple[Group, list[Sample]]] = []
+        self._fresh = resume_step is None  # a fresh run's first step replaces the file; building touches nothing
+        if resume_step is not None and self.path.exists():  # a torn last line is skipped, the rewrite is atomic
+            keep = [raw for raw, row in read_lines(self.path) if row.get("step", 0) <= resume_step]
+            write_atomic(self.path, "".join(ln + "\n" for ln in keep))
+
+    def seen(self, groups: list[Group]) -> None:
+        """After the reward stage, before the transforms: the samples that exist (each list copied, since a
+        transform may edit a group in place)."""
+        if self.n:
+            self._seen += [(g, list(g.samples)) for g in groups]
+
+    def record(self, step: int, rollouts: list[Group], tokens: TokenBatch, replayed: list[Replayed]) -> dict[str, float]:
+        """Append step ``step``'s line (``rollouts``: every group after the transforms, refills included);
+        returns the recording cost as metrics."""
+        if self._fresh:
+            self.path.unlink(missing_ok=True)
+            self._fresh = False
+        if not self.n:
+            return {}
+        t0 = time.perf_counter()
+        picked, self._seen = pick(self._seen, rollouts, tokens, replayed, self.n), []
+        rows = [(s, b, g.problem) for _, g, rs in picked for s, b, _ in rs if b is not None]
+        gaps, t_teacher = self._teacher_gap([s for s, _, _ in rows], [p for *_, p in rows])
+        gap_of = {(id(s), b): gap for (s, b, _), gap in zip(rows, gaps)}
+        groups = [{"kind": kind, "from_step": g.step + 1, "problem": {
+            "id": g.problem.id, "prompt": prompt_text(g.problem), "answer": g.problem.answer,
+            "difficulty": g.problem.difficulty},
+            "samples": [self._sample(s, b, flag, tokens, gap_of.get((id(s), b))) for s, b, flag in rs]}
+            for kind, g, rs in picked]
+        signals = ["advantage", "loss_weight", *(["teacher_gap"] if self.teacher is not None else []), "mode"]
+        out = {"perf/record_s": time.perf_counter() - t0}
+        if self.teacher is not None:
+            out["perf/record_teacher_s"] = t_teacher
+        line = {"step": step + 1, "signals": signals, "groups": groups,
+                "cost": {"record_s": _num(out["perf/record_s"]), "teacher_s": _num(t_teacher), "teacher_rows": len(gaps)}}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(line, allow_nan=False) + "\n")
+        return out
+
+    def _teacher_gap(self, samples: list[Sample], problems: list[Problem]) -> tuple[list[Tensor], float]:
+        """log π_T − log π_θ of every sampled token of ``samples`` (empty without a teacher), and its seconds."""
+        if self.teacher is None or not samples or self.policy_logprobs is None:
+            return [], 0.0
+        t0 = time.perf_counter()
+        student = self.policy_logprobs(samples)
+        teacher = self.teacher.score(samples, problems, TeacherWant()).logprobs.float().cpu()  # [B, T]
+        gaps = [teacher[k, :s.length] - student[k].float() for k, s in enumerate(samples)]
+        return gaps, time.perf_counter() - t0
+
+    def _sample(self, s: Sample, row: int | None, flag: str, tokens: TokenBatch, gap: Tensor | None) -> dict:
+        n = s.length
+        out: dict[str, Any] = {
+            "text": s.text, "reward": _num(s.reward), "reward_terms": {k: _num(v) for k, v in s.reward_terms.items()},
+            "correct": bool(s.correct), "format_ok": bool(self.task.format_ok(s.text)), "length": n,
+            "finish_reason": s.finish_reason, "edited": bool(s.meta.get("dre_edited")), "mode": s.meta.get("mode"),
+            "mode_forced": s.meta.get("mode_forced"), "disqualified": s.disqualified,
+            "verifier_error": bool(s.verifier_error), "filtered": flag == "filtered", "dropped": flag == "dropped",
+            "replayed": flag == "replayed", "advantage": None,
+            "tokens": self.tokenizer.batch_decode([[i] for i in s.completion_ids.tolist()]), "signals": {}}
+        sig = out["signals"]
+        if row is not None:
+            adv, mask = tokens.advantages[row, :n].float(), tokens.completion_mask[row, :n]
+            sig["advantage"] = [_num(v) for v in adv.tolist()]
+            sig["loss_weight"] = [_num(v) for v in tokens.loss_weights[row, :n].tolist()]
+            out["advantage"] = _num(adv[mask].mean()) if bool(mask.any()) else 0.0
+        if gap is not None:
+            sig["teacher_gap"] = [_num(v) for v in gap.tolist()]
+        if s.meta.get("mode") is not None and n:
+            sig["mode"] = [1.0] + [0.0] * (n - 1)
+        return out

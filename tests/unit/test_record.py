@@ -1,0 +1,153 @@
+"""The rollout recorder (drivers/record.py): a bounded count per kind, resume truncation, the dropped / edited /
+replayed / filtered flags, the per-token signals, and the teacher gap without the counted teacher."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from groupwise.config import load
+from groupwise.drivers.record import Recorder
+from groupwise.drivers.setup import CountingTeacher, build
+from groupwise.types import Group, Problem, Replayed, Sample, TeacherOutput, TokenBatch
+
+ROOT = Path(__file__).parents[2]
+
+
+def sample(tokenizer, text, reward=0.0, correct=False, **meta):
+    ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False))
+    n = ids.numel()
+    return Sample(prompt_ids=torch.tensor([3, 4]), completion_ids=ids, rollout_logprobs=torch.zeros(n),
+                  loss_mask=torch.ones(n, dtype=torch.bool), finish_reason="stop", text=text, reward=reward,
+                  correct=correct, reward_terms={"correctness": reward, "na": float("nan")}, scored=True, meta=meta)
+
+
+def group(tokenizer, pid, rewards, step=0):
+    return Group(Problem(pid, f"prompt {pid}", "7"), [sample(tokenizer, f"answer: {7 if r else 3}", r, bool(r))
+                                                        for r in rewards], step=step)
+
+
+def lines(rec):
+    return [json.loads(x) for x in rec.path.read_text().splitlines()]
+
+
+def run_step(rec, step, groups, kept, replayed=()):
+    """What rl_step does around the recorder: ``seen`` after the reward stage, the update's TokenBatch of
+    ``kept`` (advantage = reward − ½ per row), ``record`` after it."""
+    rec.seen(groups)
+    adv = torch.tensor([[s.reward - 0.5 for s in g.samples] for g in kept]) if kept else torch.zeros(0, 0)
+    tokens = TokenBatch.build(kept, adv, list(replayed))
+    return rec.record(step, groups, tokens, list(replayed)), tokens
+
+
+def test_at_most_n_groups_of_each_kind_per_step(tmp_path, tokenizer, lab):
+    rec = Recorder(tmp_path, 2, tokenizer, lab)
+    groups = [group(tokenizer, f"p{i}", [1, 0]) for i in range(7)]
+    metrics, _ = run_step(rec, 0, groups, kept=groups[:4])  # p4..p6: dropped by the filter stage
+    (line,) = lines(rec)
+    assert line["step"] == 1 and [g["kind"] for g in line["groups"]] == ["trained", "trained", "filtered", "filtered"]
+    assert [g["problem"]["id"] for g in line["groups"]] == ["p0", "p1", "p4", "p5"]
+    assert all(s["filtered"] for s in line["groups"][2]["samples"])
+    assert metrics["perf/record_s"] > 0 and "perf/record_teacher_s" not in metrics
+    off = Recorder(tmp_path / "off", 0, tokenizer, lab)
+    assert run_step(off, 0, groups, kept=groups)[0] == {} and not off.path.exists()
+
+
+def test_resume_drops_the_lines_after_the_checkpoint_step(tmp_path, tokenizer, lab):
+    rec = Recorder(tmp_path, 1, tokenizer, lab)
+    for step in range(4):
+        run_step(rec, step, [group(tokenizer, f"s{step}", [1, 0])], kept=[])
+    assert [x["step"] for x in lines(rec)] == [1, 2, 3, 4]
+    resumed = Recorder(tmp_path, 1, tokenizer, lab, resume_step=2)  # the checkpoint after step 2
+    assert [x["step"] for x in lines(resumed)] == [1, 2]
+    run_step(resumed, 2, [group(tokenizer, "again", [1, 0])], kept=[])
+    assert [x["step"] for x in lines(resumed)] == [1, 2, 3]
+    Recorder(tmp_path, 1, tokenizer, lab)  # building a fresh run's recorder (eval builds one too) touches nothing
+    assert len(lines(resumed)) == 3
+    fresh = Recorder(tmp_path, 1, tokenizer, lab)
+    run_step(fresh, 0, [group(tokenizer, "new", [1, 0])], kept=[])  # its first step starts the file over
+    assert [(x["step"], x["groups"][0]["problem"]["id"]) for x in lines(fresh)] == [(1, "new")]
+
+
+def test_dropped_edited_replayed_flags_and_signals(tmp_path, tokenizer, lab):
+    rec = Recorder(tmp_path, 2, tokenizer, lab)
+    pre = group(tokenizer, "q", [1, 0, 0, 1])
+    gone = group(tokenizer, "gone", [1, 0])
+    rec.seen([pre, gone])
+    edit = dataclasses.replace(pre.samples[0], meta={"dre_edited": True})
+    post = Group(pre.problem, [edit, pre.samples[1], pre.samples[3]])  # a transform: edit #0, drop #2, drop "gone"
+    old = group(tokenizer, "old", [1, 0], step=0)
+    replayed = [Replayed(old, torch.tensor([0.25, -0.25], dtype=torch.float64))]
+    adv = torch.tensor([[0.5, -0.5, 0.5]])
+    tokens = TokenBatch.build([post], adv, replayed)
+    tokens = dataclasses.replace(tokens, loss_weights=tokens.loss_weights * 2)  # a credit component's weights
+    rec.record(3, [post], tokens, replayed)
+    (line,) = lines(rec)
+    kinds = {g["kind"]: g for g in line["groups"]}
+    assert list(kinds) == ["trained", "dropped", "replayed"]
+    got = kinds["trained"]["samples"]
+    assert [(s["edited"], s["dropped"], s["filtered"], s["replayed"]) for s in got] == [
+        (True, False, False, False), (False, False, False, False), (False, False, False, False),
+        (False, True, False, False), (False, True, False, False)]  # the unedited original and #2, after the group
+    assert [s["advantage"] for s in got] == [0.5, -0.5, 0.5, None, None]
+    assert got[0]["signals"]["advantage"] == [0.5] * got[0]["length"]
+    assert got[0]["signals"]["loss_weight"] == [2.0] * got[0]["length"] and got[3]["signals"] == {}
+    assert "".join(got[0]["tokens"]) == got[0]["text"] == "answer: 7"
+    assert got[0]["reward_terms"] == {"correctness": 1.0, "na": None} and got[0]["format_ok"] == lab.format_ok("answer: 7")
+    assert [s["dropped"] for s in kinds["dropped"]["samples"]] == [True, True]
+    rep = kinds["replayed"]
+    assert rep["from_step"] == 1 and all(s["replayed"] for s in rep["samples"])
+    assert [s["advantage"] for s in rep["samples"]] == [0.25, -0.25]
+
+
+def test_mode_signal_marks_the_mode_token(tmp_path, tokenizer, lab):
+    rec = Recorder(tmp_path, 1, tokenizer, lab)
+    g = Group(Problem("m", "p", "7"), [sample(tokenizer, "<SH>answer: 7", 1.0, True, mode="<SH>", mode_forced=False),
+                                       sample(tokenizer, "answer: 3")])
+    run_step(rec, 0, [g], kept=[g])
+    s = lines(rec)[0]["groups"][0]["samples"]
+    assert s[0]["signals"]["mode"] == [1.0] + [0.0] * (s[0]["length"] - 1) and s[0]["tokens"][0] == "<SH>"
+    assert "mode" not in s[1]["signals"] and lines(rec)[0]["signals"] == ["advantage", "loss_weight", "mode"]
+
+
+class FakeTeacher:
+    def __init__(self):
+        self.calls = []
+
+    def score(self, samples, problems, want):
+        self.calls.append([p.id for p in problems])
+        t = max(s.length for s in samples)
+        return TeacherOutput(torch.tensor([[-1.0 - s.reward] * t for s in samples]))  # a row's: −1 − its reward
+
+    def on_step(self, step, policy):
+        pass
+
+
+def test_teacher_gap_on_the_recorded_rows_only(tmp_path, tokenizer, lab):
+    teacher = FakeTeacher()
+    counted = CountingTeacher(teacher)
+    rec = Recorder(tmp_path, 1, tokenizer, lab, teacher=counted.inner,
+                   policy_logprobs=lambda samples: [torch.full((s.length,), -3.0) for s in samples])
+    groups = [group(tokenizer, f"t{i}", [1, 0]) for i in range(3)]
+    metrics, _ = run_step(rec, 0, groups, kept=groups[:2])
+    assert teacher.calls == [["t0", "t0"]]  # one pass, over the one recorded trained group's rows
+    assert counted.metrics()["teacher/forwards"] == 0  # the run's teacher count is not touched
+    line = lines(rec)[0]
+    trained = line["groups"][0]["samples"]
+    assert trained[0]["signals"]["teacher_gap"] == [1.0] * trained[0]["length"]  # reward 1: −2 − (−3)
+    assert trained[1]["signals"]["teacher_gap"] == [2.0] * trained[1]["length"]  # reward 0: −1 − (−3)
+    assert "teacher_gap" not in line["groups"][1]["samples"][0]["signals"]  # filtered: not scored
+    assert "teacher_gap" in line["signals"] and line["cost"]["teacher_rows"] == 2
+    assert metrics["perf/record_teacher_s"] >= 0
+
+
+def test_build_gives_the_recorder_the_bare_teacher_and_the_resume_step(tmp_path):
+    cfg = load(ROOT / "recipes" / "distill_frozen_lab.yaml", ["model.warm_start=false", "trainer.threads=1",
+                                                    "trainer.record_groups=3", f"out_dir={tmp_path}"])
+    p = build(cfg)
+    assert p.recorder.n == 3 and p.recorder.teacher is p.teacher.inner
+    assert p.recorder.policy_logprobs == p.policy_logprobs and p.recorder.path == cfg.run_dir / "rollouts.jsonl"
+    with pytest.raises(ValueError, match="record_groups=-1: must be >= 0"):
+        load(None, ["trainer.record_groups=-1"])
