@@ -136,9 +136,13 @@ class RewardConfig:
     """Weighted sum; a term with weight 0 is computed and logged only."""
     verifier_timeout_s: float = 5.0
     """Per verifier call; 0 disables the timeout (SIGALRM, main thread only)."""
+    term_timeout_s: float = 300.0
+    """Per call of a reward term (one call scores the step's groups); a term over it adds nothing and is
+    counted in ``reward/<term>_errors``; 0 disables it (SIGALRM, main thread only)."""
 
     def __post_init__(self) -> None:
-        _rules(self, ("verifier_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"))
+        _rules(self, ("verifier_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"),
+               ("term_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -10,8 +10,9 @@ weighted reward terms into ``Sample.reward``.
             each raw value (NaN for None = "not applicable"; a NaN value counts as None, as in TRL). A value
             that would make the reward non-finite (±inf, or w·v overflowing the sum) is a failure of that term
             on that sample (below), so ``Sample.reward`` is always finite.
-  failures  a term that raises is counted, never fatal: its values for that call are None, the step's count
-            is ``reward/<label>_errors``, and the first failure of each term is printed once with the term's
+  failures  a term that raises or runs past ``term_timeout_s`` is counted, never fatal: its values for that
+            call are None, the step's count is ``reward/<label>_errors``, and the first failure of each term
+            is printed once with the term's
             name, the sample and the exception's first line. A term that scores most samples but fails on
             some raises ``SampleErrors`` with its partial values (the ``python`` term does).
 The timeout uses SIGALRM and is enforced only in the main thread (elsewhere verifiers run unbounded).
@@ -24,6 +25,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,19 +48,27 @@ class SampleErrors(Exception):
 
 
 def call_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
+    """``fn()``, raising ``VerifierTimeout`` after ``seconds`` (SIGALRM; main thread only, else unbounded).
+
+    Nests: an outer timer already running is paused, bounds the inner one, and is re-armed with its remaining
+    time afterwards (a reward term's timeout around a user function's own)."""
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
         return fn()
 
     def on_alarm(signum, frame):
         raise VerifierTimeout(f"exceeded {seconds}s")
 
+    start = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, 0)  # the enclosing call's remaining time, if any
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer) if outer else seconds)
     try:
         return fn()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-6))
 
 
 def first_line(exc: BaseException) -> str:
@@ -89,11 +99,11 @@ def bind_terms(specs: Any, env: Any) -> list[BoundTerm]:
 
 
 class RewardStage:
-    def __init__(self, task, terms: list[BoundTerm], timeout_s: float):
+    def __init__(self, task, terms: list[BoundTerm], timeout_s: float, term_timeout_s: float = 300.0):
         labels = [t.label for t in terms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"reward.terms: two terms share a metric name ({', '.join(labels)}); each needs its own")
-        self.task, self.terms, self.timeout_s = task, terms, timeout_s
+        self.task, self.terms, self.timeout_s, self.term_timeout_s = task, terms, timeout_s, term_timeout_s
         self._step: int | None = None
         self._errors: dict[str, float] = {}
         self._reported: set[str] = set()
@@ -135,7 +145,7 @@ class RewardStage:
     def _values(self, t: BoundTerm, groups: list[Group], step: int) -> list[list[float | None]]:
         """The term's values as floats / None; failures are counted and logged, never raised."""
         try:
-            raw, failed = t.term(groups, step), {}
+            raw, failed = call_with_timeout(lambda: t.term(groups, step), self.term_timeout_s), {}
         except SampleErrors as e:
             raw, failed = e.values, e.errors
         except (Exception, SystemExit) as e:  # noqa: BLE001 - a crashing reward term is counted, never fatal

@@ -7,7 +7,7 @@ import pytest
 import torch
 from support import reward_stage
 
-from groupwise.rewards.stage import BoundTerm, RewardStage, SampleErrors, call_with_timeout
+from groupwise.rewards.stage import BoundTerm, RewardStage, SampleErrors, VerifierTimeout, call_with_timeout
 from groupwise.types import Group, Problem, Sample
 
 
@@ -164,3 +164,29 @@ def test_a_sum_that_overflows_is_charged_to_the_term_that_overflows_it():
     stage([g], 0)
     assert [s.reward for s in g.samples] == [1e308, 2.0]
     assert stage.metrics() == {"reward/a_errors": 0.0, "reward/b_errors": 1.0}
+
+
+def test_a_hanging_term_is_stopped_by_the_term_timeout_and_counted():
+    def hangs(groups, step):
+        time.sleep(30)
+
+    stage = RewardStage(CrashyTask(), [bound("hangs", hangs), bound("ok", lambda gs, s: [[1.0]])], 1.0,
+                        term_timeout_s=0.3)
+    g = Group(Problem("p", "q", "7"), [sample("7")])
+    t0 = time.time()
+    stage([g], 0)
+    assert time.time() - t0 < 2 and g.samples[0].reward == 1.0
+    assert stage.metrics() == {"reward/hangs_errors": 1.0, "reward/ok_errors": 0.0}
+
+
+def test_nested_timeouts_keep_the_outer_one():
+    # an inner call that finishes re-arms the outer timer with its remaining time; an inner bound larger
+    # than what the outer has left is cut to the outer's
+    t0 = time.time()
+    with pytest.raises(VerifierTimeout):
+        call_with_timeout(lambda: (call_with_timeout(lambda: time.sleep(0.1), 5.0), time.sleep(5)), 0.5)
+    assert 0.4 < time.time() - t0 < 1.5
+    t0 = time.time()
+    with pytest.raises(VerifierTimeout):
+        call_with_timeout(lambda: call_with_timeout(lambda: time.sleep(5), 10.0), 0.4)
+    assert time.time() - t0 < 1.5
