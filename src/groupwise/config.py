@@ -139,6 +139,9 @@ class RewardConfig:
     term_timeout_s: float = 300.0
     """Per call of a reward term (one call scores the step's groups); a term over it adds nothing and is
     counted in ``reward/<term>_errors``; 0 disables it (SIGALRM, main thread only)."""
+    verifier_isolation: Literal["alarm", "process"] = "alarm"
+    """``alarm``: verify in this process under SIGALRM (cannot interrupt C code); ``process``: in a forked
+    worker that is killed and replaced when it overruns (rewards/verifier.py)."""
 
     def __post_init__(self) -> None:
         _rules(self, ("verifier_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"),

@@ -223,7 +223,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Pipe
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
         generator=CountingGenerator(catalog.build(cfg.rollout.generator, env)), builder=builder,
         transforms=transforms, reward=RewardStage(task, terms, cfg.reward.verifier_timeout_s,
-                                                      cfg.reward.term_timeout_s), filter=filter_,
+                                                      cfg.reward.term_timeout_s, cfg.reward.verifier_isolation), filter=filter_,
         advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
         replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
         parts=parts, recorder=Recorder(cfg.run_dir, cfg.trainer.record_groups, tokenizer, task, resume_step, teacher))

@@ -92,7 +92,7 @@ def run_eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, fl
     metrics, records = evaluate(p.generator, p.tokenizer, p.task, problems, p.encode, k=e.k,
                                 temperature=e.temperature, greedy=e.greedy, seed=p.cfg.seed,
                                 max_tokens=e.max_completion_tokens or p.cfg.rollout.max_completion_tokens,
-                                timeout_s=p.cfg.reward.verifier_timeout_s)
+                                verify=p.reward.check)
     out = p.cfg.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in records))

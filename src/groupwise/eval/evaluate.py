@@ -16,22 +16,26 @@ from collections import defaultdict
 import torch
 
 from groupwise.eval.metrics import majority_correct, pass_at_k
-from groupwise.rewards.stage import call_with_timeout
+from groupwise.rewards.stage import call_with_timeout, verdict
 from groupwise.rollout.base import Request, SamplingParams
 from groupwise.tasks.base import stable_seed
 from groupwise.types import Problem
 
 
-def _correct(task, problem: Problem, text: str, timeout_s: float) -> tuple[bool, bool]:
+def _correct(verify, problem: Problem, text: str) -> tuple[bool, bool]:
     """(correct, verifier_error): a crashing or timed-out verifier scores the sample incorrect, counted."""
     try:
-        return bool(call_with_timeout(lambda: task.verify(problem, text), timeout_s)), False
-    except Exception:  # noqa: BLE001 - counted in eval/verifier_error_frac, never fatal
+        return verify(problem, text), False
+    except (Exception, SystemExit):  # noqa: BLE001 - counted in eval/verifier_error_frac, never fatal
         return False, True
 
 
 def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: int, temperature: float,
-             max_tokens: int, greedy: bool = True, seed: int = 0, timeout_s: float = 5.0):
+             max_tokens: int, greedy: bool = True, seed: int = 0, verify=None, timeout_s: float = 5.0):
+    """``verify(problem, text) -> bool`` (raising on failure) is the run's (``RewardStage.check``); without one,
+    ``task.verify`` under a ``timeout_s`` alarm, its verdict required to be a bool."""
+    if verify is None:
+        verify = lambda p, t: verdict(call_with_timeout(lambda: task.verify(p, t), timeout_s))  # noqa: E731
     prompts = [encode(p) for p in problems]
     rng = torch.Generator().manual_seed(stable_seed("eval", seed))
     records = []
@@ -43,7 +47,7 @@ def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: 
         for i, p in enumerate(problems):
             for c in outs[i * n:(i + 1) * n]:
                 text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
-                correct, error = _correct(task, p, text, timeout_s)
+                correct, error = _correct(verify, p, text)
                 records.append({"id": p.id, "difficulty": p.difficulty, "greedy": kind == "greedy", "text": text,
                                 "answer": task.extract_answer(text), "correct": correct, "verifier_error": error,
                                 "format": bool(task.format_ok(text)), "length": int(c.completion_ids.numel()),

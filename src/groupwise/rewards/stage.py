@@ -22,21 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import signal
 import sys
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from groupwise.registry import Entry
+from groupwise.rewards.verifier import VerifierTimeout, call_with_timeout, make_verifier  # noqa: F401
 from groupwise.types import Group, Sample
-
-
-class VerifierTimeout(Exception):
-    pass
 
 
 class SampleErrors(Exception):
@@ -45,30 +38,6 @@ class SampleErrors(Exception):
     def __init__(self, values: list[list[float | None]], errors: dict[tuple[int, int], BaseException]):
         super().__init__(f"{len(errors)} sample(s) failed")
         self.values, self.errors = values, errors
-
-
-def call_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
-    """``fn()``, raising ``VerifierTimeout`` after ``seconds`` (SIGALRM; main thread only, else unbounded).
-
-    Nests: an outer timer already running is paused, bounds the inner one, and is re-armed with its remaining
-    time afterwards (a reward term's timeout around a user function's own)."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
-        return fn()
-
-    def on_alarm(signum, frame):
-        raise VerifierTimeout(f"exceeded {seconds}s")
-
-    start = time.monotonic()
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, 0)  # the enclosing call's remaining time, if any
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer) if outer else seconds)
-    try:
-        return fn()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-6))
 
 
 def first_line(exc: BaseException) -> str:
@@ -99,11 +68,13 @@ def bind_terms(specs: Any, env: Any) -> list[BoundTerm]:
 
 
 class RewardStage:
-    def __init__(self, task, terms: list[BoundTerm], timeout_s: float, term_timeout_s: float = 300.0):
+    def __init__(self, task, terms: list[BoundTerm], timeout_s: float, term_timeout_s: float = 300.0,
+                 isolation: str = "alarm"):
         labels = [t.label for t in terms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"reward.terms: two terms share a metric name ({', '.join(labels)}); each needs its own")
         self.task, self.terms, self.timeout_s, self.term_timeout_s = task, terms, timeout_s, term_timeout_s
+        self.verifier = make_verifier(task, timeout_s, isolation)  # rewards/verifier.py
         self._step: int | None = None
         self._errors: dict[str, float] = {}
         self._reported: set[str] = set()
@@ -115,12 +86,14 @@ class RewardStage:
                     s.correct, s.verifier_error = False, False
                     continue
                 try:
-                    s.correct = verdict(call_with_timeout(lambda s=s, p=g.problem: self.task.verify(p, s.text),
-                                                          self.timeout_s))
-                    s.verifier_error = False
+                    s.correct, s.verifier_error = self.check(g.problem, s.text), False
                 except (Exception, SystemExit) as e:  # noqa: BLE001 - any verifier failure is counted, never fatal
                     s.correct, s.verifier_error = False, True
                     self._report("verifier", g, s, e, "reward/verifier_error_frac")
+
+    def check(self, problem, text: str) -> bool:
+        """The verifier's verdict on one completion (raises on any failure; callers count it)."""
+        return verdict(self.verifier(problem, text))
 
     def __call__(self, groups: list[Group], step: int) -> None:
         if step != self._step:
