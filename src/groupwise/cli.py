@@ -221,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a run that stopped on purpose (non-finite weights); other errors are bugs
+        from groupwise.update import NonFiniteWeights
+
+        if not isinstance(e, NonFiniteWeights):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

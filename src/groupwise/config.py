@@ -171,6 +171,10 @@ class OptimConfig:
     micro_batch_tokens: int = 8192
     """Token budget (padded prompt + completion) per forward/backward micro-batch."""
     ppo_epochs: int = 1
+    nonfinite: Literal["restore", "stop"] = "restore"
+    """A step that leaves a parameter NaN/inf: ``restore`` the pre-step weights (keeps one copy of the trainable
+    parameters each step; right for the lab's small models) or ``stop`` the run with a one-line error (no
+    copy; for large models), the last checkpoint intact either way."""
 
     def __post_init__(self) -> None:
         _rules(self, ("lr", lambda v: v > 0, "> 0"),

@@ -16,7 +16,8 @@ Non-finite values never reach the weights: a non-finite gradient norm skips the 
 that leaves any parameter NaN or ±inf (an overflowing update) is undone: the pre-step parameters, kept as a
 copy of the trainable parameters (one extra copy of them in memory), are put back, and optimizer state that
 became non-finite is dropped (AdamW restarts those moments). Both count in ``update/nonfinite_skipped``; the
-undone steps also in ``update/nonfinite_restored``, and the first one is printed once.
+undone steps also in ``update/nonfinite_restored``, and the first one is printed once. ``optim.nonfinite:
+stop`` keeps no copy (for models where a second copy of the weights does not fit) and stops the run instead.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from groupwise.models.forward import Packed, completion_logprobs, pack
 from groupwise.registry import Entry
 from groupwise.teachers import TeacherWant
 from groupwise.types import LossInputs, LossTerms, Sample, TeacherOutput, TokenBatch
+
+
+class NonFiniteWeights(RuntimeError):
+    """An optimizer step produced NaN/inf weights under ``optim.nonfinite: stop`` (one line, for the CLI)."""
 
 
 def plan_micro_batches(samples: list[Sample], token_budget: int) -> list[list[int]]:
@@ -220,12 +225,18 @@ class Learner:
 
     @torch.no_grad()
     def _guarded_step(self) -> bool:
-        """``optimizer.step()``, undone if it leaves a non-finite parameter; True if it was undone."""
+        """``optimizer.step()``, undone if it leaves a non-finite parameter; True if it was undone. With
+        ``optim.nonfinite: stop`` no copy is kept and such a step raises ``NonFiniteWeights`` instead."""
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        before = [p.detach().clone() for p in params]
+        keep = self.settings.optim.nonfinite == "restore"
+        before = [p.detach().clone() for p in params] if keep else []
         self.optimizer.step()
         if all(bool(torch.isfinite(p).all()) for p in params):
             return False
+        if not keep:
+            raise NonFiniteWeights("an optimizer step made the policy's weights non-finite (lr too high, or an "
+                                   "fp16 overflow); the run stopped before saving them, the last checkpoint is "
+                                   "intact (optim.nonfinite: restore undoes such steps instead)")
         for p, b in zip(params, before):
             p.copy_(b)
             state = self.optimizer.state.get(p, {})

@@ -88,6 +88,15 @@ def test_a_step_that_makes_the_weights_non_finite_is_undone_and_counted(tiny_mod
     assert "the pre-step weights were restored" in capsys.readouterr().err
 
 
+def test_the_stop_policy_keeps_no_copy_and_stops_with_one_line(tiny_model, tokenizer):
+    from groupwise.update import NonFiniteWeights
+
+    model = tiny_model.half()
+    learner = support.learner(model, tokenizer, ["optim.lr=1e5", "optim.grad_clip=0", "optim.nonfinite=stop"])
+    with pytest.raises(NonFiniteWeights, match="non-finite .* the last checkpoint is intact"):
+        learner.step(two_rows())
+
+
 def test_an_ordinary_step_is_not_undone(tiny_model, tokenizer):
     before = [p.detach().clone() for p in tiny_model.parameters()]
     m = support.learner(tiny_model, tokenizer, ["optim.grad_clip=0"]).step(two_rows())
