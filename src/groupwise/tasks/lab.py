@@ -20,7 +20,8 @@ traces can carry pathologies, each a probability or count in the config (all 0 b
   modes        completions start with a mode tag: <NT> answer only, <SH> two operations per step, <LG> long
 
 Reference solutions (``Problem.reference``) are always clean long traces. ``env_latency_s`` sleeps in
-``verify`` to simulate a per-rollout environment call (a tool round trip).
+``verify`` to simulate a per-rollout environment call (a tool round trip). ``privileged_frac`` mixes
+warm-start examples shown with the problem's reference solution in the prompt (for privileged teachers).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ class LabConfig:
     check_correct_bonus: int = 0
     modes: bool = False
     env_latency_s: float = 0.0
+    privileged_frac: float = 0.0
+    """Share of warm-start examples shown with a privileged context (the problem plus its clean reference
+    trace, ``teachers.models.PRIVILEGED_CONTEXT``) whose target is that clean trace: the warm-started model then
+    knows how to use a verified solution, so a privileged teacher knows more than the flawed student."""
 
     def __post_init__(self) -> None:
         if not self.ops or set(self.ops) - set(_OPS):
@@ -65,7 +70,7 @@ class LabConfig:
             raise ValueError(f"modulus={self.modulus}: allowed 2..10 (single-digit values)")
         if not 1 <= self.min_steps <= self.max_steps <= 12:
             raise ValueError(f"min_steps={self.min_steps}, max_steps={self.max_steps}: need 1 <= min <= max <= 12")
-        for f in ("p_slip", "p_wrap_slip", "p_fix", "p_drift"):
+        for f in ("p_slip", "p_wrap_slip", "p_fix", "p_drift", "privileged_frac"):
             if not 0.0 <= getattr(self, f) <= 1.0:
                 raise ValueError(f"{f}={getattr(self, f)}: a probability in [0, 1]")
         if self.max_checks < 0 or self.check_correct_bonus < 0 or self.test_size < 1 or self.env_latency_s < 0:
@@ -180,9 +185,14 @@ class Lab:
         return f"{tag}<think>{body}</think><answer>{acc}</answer>"
 
     def sft_examples(self, rng: random.Random, n: int) -> list[tuple[Problem, str]]:
+        from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+
         out = []
         for _ in range(n):
             p = self.train[rng.randrange(len(self.train))]
+            if self.cfg.privileged_frac and rng.random() < self.cfg.privileged_frac:  # no draw at 0: same stream
+                out.append((privileged_problem(p, PRIVILEGED_CONTEXT), p.reference))
+                continue
             mode = rng.choice(MODES) if self.cfg.modes else "<LG>"
             out.append((p, self.trace(p, rng, mode)))
         return out

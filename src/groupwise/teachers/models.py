@@ -40,6 +40,8 @@ from groupwise.teachers import TEACHERS, TeacherWant
 from groupwise.types import Problem, Sample, TeacherOutput
 
 FIELDS = ("prompt", "reference", "answer")
+PRIVILEGED_CONTEXT = "{prompt}\n<ref>{reference}</ref>"
+"""The default privileged context (the lab's ``privileged_frac`` warm start shows the model the same form)."""
 
 
 def check_template(template: str) -> None:
@@ -95,7 +97,7 @@ class TeacherConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PrivilegedConfig(TeacherConfig):
-    context: str = "{prompt}\n<ref>{reference}</ref>"
+    context: str = PRIVILEGED_CONTEXT
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -86,3 +86,20 @@ def test_modes():
 def test_bad_config(kw, msg):
     with pytest.raises(ValueError, match=msg):
         LabConfig(**kw)
+
+
+def test_privileged_warm_start_examples():
+    import random
+
+    from groupwise.tasks.lab import Lab, LabConfig
+    from groupwise.teachers.models import PRIVILEGED_CONTEXT
+
+    plain, none = Lab(LabConfig(p_wrap_slip=0.6)), Lab(LabConfig(p_wrap_slip=0.6, privileged_frac=0.0))
+    assert plain.sft_examples(random.Random(3), 20) == none.sft_examples(random.Random(3), 20)  # no extra draws at 0
+    every = Lab(LabConfig(p_wrap_slip=0.6, privileged_frac=1.0)).sft_examples(random.Random(3), 5)
+    for p, text in every:
+        user, ref = p.prompt.split("\n<ref>")
+        assert text == ref.removesuffix("</ref>") and "<think>" in text and PRIVILEGED_CONTEXT.endswith("</ref>")
+    half = Lab(LabConfig(privileged_frac=0.5)).sft_examples(random.Random(0), 400)
+    share = sum("<ref>" in str(p.prompt) for p, _ in half) / 400
+    assert 0.4 < share < 0.6
