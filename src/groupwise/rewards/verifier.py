@@ -13,6 +13,7 @@ ignores SIGINT, so Ctrl-C reaches the trainer and stops the run as usual.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -58,10 +59,19 @@ def alarm_verifier(task: Any, timeout_s: float) -> Callable[[Problem, str], Any]
     return lambda problem, text: call_with_timeout(lambda: task.verify(problem, text), timeout_s)
 
 
-def _serve(task: Any, conn: Any) -> None:
+def _serve(task: Any, conn: Any, parent_end: Any) -> None:
+    # A forked worker inherits the trainer's handlers: with the session's SIGTERM handler in place the
+    # parent's exit-time terminate() would be ignored and the interpreter would wait on this process forever.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    parent_end.close()  # else the trainer's death never shows here as EOF
+    trainer = os.getppid()
     while True:
         try:
+            while not conn.poll(1.0):  # a trainer killed outright (SIGKILL) closes no pipe another worker inherited
+                if os.getppid() != trainer:
+                    return
             problem, text = conn.recv()
         except (EOFError, OSError):
             return
@@ -83,7 +93,7 @@ class ProcessVerifier:
     def _start(self) -> None:
         ctx = multiprocessing.get_context("fork")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(self.task, child), daemon=True)
+        self._proc = ctx.Process(target=_serve, args=(self.task, child, parent), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent

@@ -64,3 +64,47 @@ def test_process_isolation_in_the_reward_stage_counts_and_agrees_with_alarm():
     plain = make_verifier(Task(), 0.5, "alarm")
     assert plain(Problem("p", "q", "7"), "7") is True and plain(Problem("p", "q", "7"), "3") is False
     proc.verifier.close()
+
+
+TRAINER = """
+import signal, sys, time
+from groupwise.rewards.verifier import ProcessVerifier
+from groupwise.types import Problem
+
+class Task:
+    def verify(self, problem, text):
+        return text == problem.answer
+
+signal.signal(signal.SIGTERM, lambda *a: None)  # as the training session does while it runs
+vs = [ProcessVerifier(Task(), 5.0) for _ in range(2)]  # the second worker inherits the first one's pipe
+assert all(v(Problem("p", "q", "7"), "7") for v in vs)
+print(" ".join(str(v._proc.pid) for v in vs), flush=True)
+if sys.argv[1] == "hang":
+    time.sleep(60)
+"""
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_end_with_the_trainer_even_under_its_sigterm_handler():
+    """The trainer's exit must not wait on its workers (a worker that kept the session's SIGTERM handler
+    ignored the exit-time terminate() and hung CI), and a trainer killed outright leaves no worker behind."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", TRAINER, "exit"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, "hang"], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 10
+    while any(_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
