@@ -20,7 +20,8 @@ traces can carry pathologies, each a probability or count in the config (all 0 b
   modes        completions start with a mode tag: <NT> answer only, <SH> two operations per step, <LG> long
 
 Reference solutions (``Problem.reference``) are always clean long traces. ``env_latency_s`` sleeps in
-``verify`` to simulate a per-rollout environment call (a tool round trip). ``privileged_frac`` mixes
+``verify`` to simulate a per-rollout environment call (a tool round trip). ``p_early_exit`` mixes in traces
+that answer after a partial clean prefix (value estimates for RREDCoT); ``privileged_frac`` mixes
 warm-start examples shown with the problem's reference solution in the prompt (for privileged teachers).
 """
 
@@ -58,6 +59,10 @@ class LabConfig:
     check_correct_bonus: int = 0
     modes: bool = False
     env_latency_s: float = 0.0
+    p_early_exit: float = 0.0
+    """Share of warm-start examples that stop thinking after a random number of clean steps and answer with the
+    true result (``<think>3+5=8;</think><answer>3</answer>``), so the model's probability of the gold answer
+    after a prefix is a value estimate (RREDCoT's acceptance setting)."""
     privileged_frac: float = 0.0
     """Share of warm-start examples shown with a privileged context (the problem plus its clean reference
     trace, ``teachers.models.PRIVILEGED_CONTEXT``) whose target is that clean trace: the warm-started model then
@@ -70,7 +75,7 @@ class LabConfig:
             raise ValueError(f"modulus={self.modulus}: allowed 2..10 (single-digit values)")
         if not 1 <= self.min_steps <= self.max_steps <= 12:
             raise ValueError(f"min_steps={self.min_steps}, max_steps={self.max_steps}: need 1 <= min <= max <= 12")
-        for f in ("p_slip", "p_wrap_slip", "p_fix", "p_drift", "privileged_frac"):
+        for f in ("p_slip", "p_wrap_slip", "p_fix", "p_drift", "p_early_exit", "privileged_frac"):
             if not 0.0 <= getattr(self, f) <= 1.0:
                 raise ValueError(f"{f}={getattr(self, f)}: a probability in [0, 1]")
         if self.max_checks < 0 or self.check_correct_bonus < 0 or self.test_size < 1 or self.env_latency_s < 0:
@@ -193,9 +198,19 @@ class Lab:
             if self.cfg.privileged_frac and rng.random() < self.cfg.privileged_frac:  # no draw at 0: same stream
                 out.append((privileged_problem(p, PRIVILEGED_CONTEXT), p.reference))
                 continue
+            if self.cfg.p_early_exit and rng.random() < self.cfg.p_early_exit:
+                out.append((p, self.early_exit(p, rng)))
+                continue
             mode = rng.choice(MODES) if self.cfg.modes else "<LG>"
             out.append((p, self.trace(p, rng, mode)))
         return out
+
+    @staticmethod
+    def early_exit(problem: Problem, rng: random.Random) -> str:
+        """The clean reference trace cut after 0..k−1 of its k steps, then the true answer."""
+        steps = problem.reference.split("<think>", 1)[1].split("so ", 1)[0].split(";")[:-1]
+        j = rng.randrange(len(steps))
+        return f"<think>{''.join(x + ';' for x in steps[:j])}</think><answer>{problem.answer}</answer>"
 
     # ---------------------------------------------------------------------------------- verifier
     def extract_answer(self, completion: str) -> str | None:

@@ -103,3 +103,17 @@ def test_privileged_warm_start_examples():
     half = Lab(LabConfig(privileged_frac=0.5)).sft_examples(random.Random(0), 400)
     share = sum("<ref>" in str(p.prompt) for p, _ in half) / 400
     assert 0.4 < share < 0.6
+
+
+def test_early_exit_examples_answer_after_a_clean_prefix():
+    import random
+
+    from groupwise.tasks.lab import Lab, LabConfig
+
+    lab = Lab(LabConfig(p_early_exit=1.0, min_steps=3, max_steps=3))
+    for p, text in lab.sft_examples(random.Random(1), 20):
+        think, answer = text.split("</think>")
+        assert answer == f"<answer>{p.answer}</answer>" and p.reference.startswith(think)
+        assert think.count(";") < 3 and "so " not in think  # 0..2 of the 3 steps, no commitment
+    assert Lab(LabConfig()).sft_examples(random.Random(1), 20) == \
+        Lab(LabConfig(p_early_exit=0.0)).sft_examples(random.Random(1), 20)
