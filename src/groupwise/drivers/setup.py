@@ -123,8 +123,9 @@ class Pipeline:
         return encode(problem, self.tokenizer, self.cfg.model.chat_template)
 
     @torch.no_grad()
-    def policy_logprobs(self, samples: list[Sample]) -> list[Tensor]:
-        """One teacher-forced pass of the current policy over stored samples (no grad, eval mode)."""
+    def policy_logprobs(self, samples: list[Sample], vocab: bool = False) -> list[Tensor]:
+        """One teacher-forced pass of the current policy over stored samples (no grad, eval mode): each row's
+        sampled-token log-probs [T], or with ``vocab`` its whole log-softmax [T, V] (callers chunk the rows)."""
         was = self.policy.training
         self.policy.eval()
         dev = next(self.policy.parameters()).device
@@ -133,7 +134,8 @@ class Pipeline:
             chunk = samples[i:i + 64]
             packed = pack([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
                           self.learner.settings.pad_id, dev)
-            lp = completion_logprobs(self.policy, packed, self.cfg.rollout.temperature).logprobs
+            fwd = completion_logprobs(self.policy, packed, self.cfg.rollout.temperature, with_vocab=vocab)
+            lp = fwd.vocab_logprobs if vocab else fwd.logprobs
             out += [lp[k, :s.length].cpu() for k, s in enumerate(chunk)]
         self.policy.train(was)
         return out
@@ -151,7 +153,8 @@ class Pipeline:
             score=lambda groups: self.reward(groups, step),
             params=SamplingParams(r.max_completion_tokens, r.temperature, r.top_p, r.stop),
             group_size=r.group_size, step=step, rng=rng, encode=self.encode,
-            policy_logprobs=self.policy_logprobs, model=self.policy, eos_id=self.tokenizer.eos_token_id)
+            policy_logprobs=self.policy_logprobs, model=self.policy, eos_id=self.tokenizer.eos_token_id,
+            teacher=self.teacher)
 
     def stateful(self) -> dict[str, Any]:
         """Components whose state is checkpointed, by key (those registered ``stateful=True``)."""

@@ -79,9 +79,10 @@ class RolloutContext:
     step: int
     rng: Callable[[str], torch.Generator]  # a generator seeded from (run seed, step, stage)
     encode: Callable[[Problem], Tensor]  # prompt token ids
-    policy_logprobs: Callable[[list[Sample]], list[Tensor]]  # teacher-forced, current policy, no grad
+    policy_logprobs: Callable[..., list[Tensor]]  # (samples, vocab=False): teacher-forced, current policy, no grad
     model: Any = None  # the policy itself, for components that probe it (e.g. attention maps); never train it here
     eos_id: int = 0
+    teacher: Any = None  # the run's teacher (teachers.Teacher, passes counted), for transforms that need it early
 
     def sample_groups(self, problems: list[Problem], n: int | None = None, prefixes=None,
                       max_tokens=None, stage: str = "rollout") -> list[Group]:
