@@ -34,9 +34,10 @@ from groupwise.registry import ConfigError, Registry
 
 _WEIGHTED = {"reward", "loss"}
 
-INFINITE_OK = {"groupwise.replay.hdr.HDRConfig.tau"}
+INFINITE_OK = {"groupwise.replay.hdr.HDRConfig.tau", "groupwise.losses.opsd.OPSDConfig.token_clip",
+               "groupwise.losses.dash_opsd.DASHConfig.token_clip"}
 """``module.Class.field`` of the float knobs whose documented meaning includes an infinity (``tau: .inf`` = no
-gate). Every other float knob must be finite: ``.nan`` / ``.inf`` fail at load (a plugin may add its own)."""
+gate, ``token_clip: .inf`` = no clip). Every other float knob must be finite: ``.nan`` / ``.inf`` fail at load (a plugin may add its own)."""
 
 
 def registry(kind: str) -> Registry[Any]:

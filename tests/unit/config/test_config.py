@@ -139,6 +139,8 @@ def test_documented_infinity_still_loads(tmp_path):
     cfg = load(write(tmp_path, "replay: {name: hdr, tau: .inf}\n"))
     assert cfg.replay.cfg.tau == math.inf
     assert load(None, ["replay.name=hdr", "replay.tau=inf"]).replay.cfg.tau == math.inf
+    for term in ("opsd", "dash_opsd"):  # the documented "no clip" (before: refused at load)
+        assert load(None, [f"loss.terms=[{{name: {term}, token_clip: .inf}}]", "teacher=frozen"]).loss.terms[0].cfg.token_clip == math.inf
     with pytest.raises(ConfigError, match="replay.capacity: expected an integer"):
         load(None, ["replay.name=hdr", "replay.capacity=.inf"])
 
