@@ -16,6 +16,10 @@ arm, 300 steps (the DASH-OPSD budget; the spec's 500 does not fit two lanes of o
 steps on 128 held-out problems with k = 8: pass@1 = Mean@8, pass@8, and the training policy entropy.
 
     PYTHONPATH=src python experiments/distil.py --jobs 2
+    PYTHONPATH=src python experiments/distil.py --arms grpo distil   # a subset
+
+The GRPO arm's config equals experiments/dash_opsd.py's GRPO arm except for ``name`` (checked); copying those
+runs into experiments/out/distil/ (grpo-s0..s2) reuses them instead of training them again.
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ ARMS = {
 
 
 def main() -> None:
-    args = harness.cli_args(__doc__.splitlines()[0])
+    def own(p):
+        p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="run / report only these")
+
+    args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
-    runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *v] for k, v in ARMS.items()}, args)
+    runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *ARMS[k]] for k in args.arms}, args)
     rows = {}
     for arm, dirs in runs.items():
         cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])
