@@ -125,6 +125,8 @@ class DistILCost:
 
     @torch.no_grad()
     def __call__(self, groups: list[Group], ctx: RolloutContext) -> list[Group]:
+        if ctx.teacher is None:  # built only when an active loss term reads it
+            raise ValueError("the 'distil' transform needs the run's teacher: add the 'distil' loss with a weight > 0")
         rows = [(s, g.problem) for g in groups for s in g.samples]
         total, passes = 0.0, 0
         for i in range(0, len(rows), self.cfg.chunk):

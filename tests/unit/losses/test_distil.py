@@ -162,6 +162,14 @@ def test_the_transform_stores_each_rollouts_pinned_costs(monkeypatch):
             assert s.meta["distil_cost"].tolist() == pytest.approx(want, abs=1e-7)
 
 
+def test_the_transform_without_a_built_teacher_is_a_clear_error():
+    class Ctx:
+        teacher = None
+
+    with pytest.raises(ValueError, match="needs the run's teacher"):
+        DistILCost(DistILCostConfig())([Group(Problem("p", "q", "7"), [sample([0.0])])], Ctx)
+
+
 def test_invalid_settings_are_load_time_errors():
     with pytest.raises(ConfigError, match="c_seq"):
         load(None, ["credit=[{name: distil, c_seq: -1}]"])
