@@ -27,7 +27,7 @@ import re
 
 from groupwise.credit import CREDIT
 from groupwise.rollout import TRANSFORMS
-from groupwise.rollout.base import RolloutContext
+from groupwise.rollout.base import RolloutContext, verified
 from groupwise.rollout.dre import char_ends, token_index
 from groupwise.types import Group, TokenBatch
 
@@ -91,10 +91,7 @@ class DriftMarks:
             self._step, self._n = ctx.step, {}
         for g in groups:
             def is_gold(x: str, p=g.problem) -> bool:
-                try:
-                    return bool(ctx.task.verify(p, self.cfg.answer_template.format(x)))
-                except Exception:  # noqa: BLE001 - an unverifiable candidate is not a correct commitment
-                    return False
+                return verified(ctx, p, self.cfg.answer_template.format(x))
 
             for s in g.samples:
                 marks = commitments(s.text, s.completion_ids.tolist(), ctx.tokenizer, is_gold, self.cfg.commit_pattern)

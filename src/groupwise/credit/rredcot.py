@@ -37,7 +37,7 @@ import torch
 
 from groupwise.credit import CREDIT
 from groupwise.rollout import TRANSFORMS
-from groupwise.rollout.base import RolloutContext
+from groupwise.rollout.base import RolloutContext, verified
 from groupwise.rollout.dre import char_ends, token_index
 from groupwise.types import Group, Sample, TokenBatch
 
@@ -104,7 +104,7 @@ class RREDValues:
         queries, slots = [], []  # one teacher-forced row per (sample, boundary, correct candidate)
         for g in groups:
             cands = {g.problem.answer} | {a for s in g.samples if (a := ctx.task.extract_answer(s.text))}
-            good = [c for c in sorted(cands) if _verified(ctx, g, cfg.answer_template.format(c))]
+            good = [c for c in sorted(cands) if verified(ctx, g.problem, cfg.answer_template.format(c))]
             for s in g.samples:
                 s.meta["rred_bounds"] = boundaries(s, tok, cfg)
                 s.meta["rred_values"] = [0.0] * max(len(s.meta["rred_bounds"]) - 1, 0)
@@ -126,13 +126,6 @@ class RREDValues:
 
     def metrics(self) -> dict[str, float]:
         return dict(self._m)
-
-
-def _verified(ctx: RolloutContext, g: Group, text: str) -> bool:
-    try:
-        return bool(ctx.task.verify(g.problem, text))
-    except Exception:  # noqa: BLE001 - an unverifiable candidate has utility 0
-        return False
 
 
 @TRANSFORMS.register("rredcot", config=RREDValuesConfig, reports=True)

@@ -104,6 +104,15 @@ class RolloutContext:
         return groups
 
 
+def verified(ctx: RolloutContext, problem: Problem, text: str) -> bool:
+    """The task's verdict on ``text`` for a transform's diagnostic check; a verifier that raises means "not
+    verified", never a crash of the transform."""
+    try:
+        return bool(ctx.task.verify(problem, text))
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def to_sample(prompt_ids: Tensor, c: Completion, tokenizer) -> Sample:
     forced = c.forced if c.forced is not None else torch.zeros_like(c.completion_ids, dtype=torch.bool)
     text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)

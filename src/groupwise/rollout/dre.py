@@ -49,7 +49,7 @@ from typing import Literal
 import torch
 
 from groupwise.rollout import TRANSFORMS
-from groupwise.rollout.base import RolloutContext
+from groupwise.rollout.base import RolloutContext, verified
 from groupwise.types import Group, Problem, Sample
 
 
@@ -175,10 +175,7 @@ class DRE:
     def _analyse(self, s: Sample, problem: Problem, j: int, ctx: RolloutContext) -> Edit | None:
         """Detect the answer emergence of one rollout and log the tail diagnostics."""
         def is_gold(x: str) -> bool:
-            try:
-                return bool(ctx.task.verify(problem, self.cfg.answer_template.format(x)))
-            except Exception:  # noqa: BLE001 - a verifier crash means "not verified", never a crash here
-                return False
+            return verified(ctx, problem, self.cfg.answer_template.format(x))
 
         self._add("n", 1)
         span = find_span(s.text, is_gold, self.cfg)
