@@ -47,16 +47,6 @@ MORE = {
 }
 
 
-def forwards(run: Path) -> float:
-    """Mean forward passes per step: the policy's micro-batches plus the teacher's."""
-    rows = [r for r in harness.metrics(run) if "perf/step_s" in r]
-    return statistics.fmean(r.get("update/policy_forwards", 0.0) + r.get("teacher/forwards", 0.0) for r in rows)
-
-
-def eval_at(run: Path, step: int, key: str = "eval/mean_at_k") -> float:
-    return next(r[key] for r in harness.metrics(run) if r["step"] == step and key in r)
-
-
 def check_teacher() -> None:
     """Held-out mean@4 / greedy of the warm start on plain prompts (the student) and with the reference in
     the prompt (the frozen privileged teacher's view), before any distillation run."""
@@ -94,7 +84,7 @@ def main() -> None:
         cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])
                  for k in ("mean_at_k", "greedy_acc", "pass_at_k", "len_mean")}
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
-        cells["forwards/step"] = harness.agg([forwards(d) for d in dirs])
+        cells["forwards/step"] = harness.agg([harness.forwards(d) for d in dirs])
         cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
         rows[arm] = cells
     before = statistics.fmean(harness.summary(r)["before"]["eval/mean_at_k"] for r in runs["grpo"])
@@ -105,10 +95,8 @@ def main() -> None:
     lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1), greedy "
              f"and pass@8 on 128 problems. Held-out Mean@8 at the warm start: {before:.3f}.\n\n",
              harness.table(rows, cols)]
-    steps = sorted({r["step"] for r in harness.metrics(runs["grpo"][0]) if "eval/mean_at_k" in r})
-    curve = {arm: {f"step {t}": harness.agg([eval_at(d, t) for d in dirs]) for t in steps} for arm, dirs in runs.items()}
     lines += ["\nHeld-out Mean@8 at every evaluation (the curve as numbers; the criterion is the final column):\n\n",
-              harness.table(curve, [f"step {t}" for t in steps])]
+              harness.eval_curve(runs)]
     lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
     (out_dir / "results.md").write_text("".join(lines))
     print("".join(lines))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "out"
+FIXED = ["trainer.threads=1", "trainer.progress=false"]  # what every run adds to its arm's overrides
 
 
 def cli_args(description: str, add_own=None) -> argparse.Namespace:
@@ -41,7 +42,7 @@ def run_one(recipe: str, overrides: list[str], out_dir: Path, name: str, log: Pa
     if (run / "summary.json").exists():
         return run
     cmd = [sys.executable, "-m", "groupwise.cli", "train", recipe, *overrides, f"name={name}", f"out_dir={out_dir}",
-           "trainer.threads=1", "trainer.progress=false", "--overwrite"]
+           *FIXED, "--overwrite"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.time()
     with log.open("w") as f:
@@ -71,6 +72,35 @@ def run_arms(experiment: str, recipe: str, arms: dict[str, list[str]], args: arg
     return runs
 
 
+def reuse(src: Path, recipe: str, overrides: list[str], dst: Path) -> bool:
+    """Copy a finished run of another experiment to ``dst`` when its resolved config is this run's (every key it
+    records equals the value ``recipe`` + ``overrides`` resolve to; ``name`` and ``out_dir`` aside). Returns
+    whether ``dst`` now holds a finished run."""
+    import shutil
+
+    import yaml
+
+    from groupwise.config import load, to_dict
+
+    if (dst / "summary.json").exists():
+        return True
+    if not (src / "summary.json").exists():
+        return False
+    want, have = to_dict(load(recipe, [*overrides, *FIXED])), yaml.safe_load((src / "resolved_config.yaml").read_text())
+
+    def same(a, b) -> bool:
+        if isinstance(a, dict) and isinstance(b, dict):
+            return all(k in a and same(a[k], v) for k, v in b.items() if k not in ("name", "out_dir"))
+        return a == b
+
+    if not same(want, have):
+        print(f"  not reusing {src}: its config differs from this arm's", flush=True)
+        return False
+    shutil.copytree(src, dst)
+    print(f"  reused {src} -> {dst}", flush=True)
+    return True
+
+
 def metrics(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
@@ -86,6 +116,32 @@ def final_eval(run: Path, key: str) -> float:
 def tail_mean(run: Path, key: str, tail: int = 20) -> float:
     rows = [r[key] for r in metrics(run) if key in r and "perf/step_s" in r]
     return statistics.fmean(rows[-tail:])
+
+
+def forwards(run: Path) -> float:
+    """Mean forward passes per step: the policy's micro-batches plus the teacher's."""
+    rows = [r for r in metrics(run) if "perf/step_s" in r]
+    return statistics.fmean(r.get("update/policy_forwards", 0.0) + r.get("teacher/forwards", 0.0) for r in rows)
+
+
+def eval_at(run: Path, step: int, key: str = "eval/mean_at_k") -> float:
+    return next(r[key] for r in metrics(run) if r["step"] == step and key in r)
+
+
+def eval_curve(runs: dict[str, list[Path]], key: str = "eval/mean_at_k") -> str:
+    """A table of ``key`` at every evaluation step (the curve as numbers), one row per arm."""
+    steps = sorted({r["step"] for r in metrics(next(iter(runs.values()))[0]) if key in r})
+    rows = {arm: {f"step {t}": agg([eval_at(d, t, key) for d in dirs]) for t in steps} for arm, dirs in runs.items()}
+    return table(rows, [f"step {t}" for t in steps])
+
+
+def first_step_at(run: Path, key: str, level: float, window: int = 20) -> float:
+    """The first step whose trailing ``window``-step mean of ``key`` reaches ``level`` (inf if never)."""
+    rows = [r[key] for r in metrics(run) if key in r and "perf/step_s" in r]
+    for i in range(window, len(rows) + 1):
+        if statistics.fmean(rows[i - window:i]) >= level:
+            return float(i)
+    return float("inf")
 
 
 def agg(values: list[float]) -> dict[str, float]:
