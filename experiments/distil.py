@@ -18,8 +18,8 @@ steps on 128 held-out problems with k = 8: pass@1 = Mean@8, pass@8, and the trai
     PYTHONPATH=src python experiments/distil.py --jobs 2
     PYTHONPATH=src python experiments/distil.py --arms grpo distil   # a subset
 
-The GRPO arm's config equals experiments/dash_opsd.py's GRPO arm except for ``name`` (checked); copying those
-runs into experiments/out/distil/ (grpo-s0..s2) reuses them instead of training them again.
+The GRPO arm's config equals experiments/dash_opsd.py's GRPO arm except for ``name``: finished runs of it in
+experiments/out/dash_opsd/ are checked key by key on the resolved config and copied instead of trained again.
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ def main() -> None:
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
-    runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *ARMS[k]] for k in args.arms}, args)
+    arms = {k: [*COMMON, *ARMS[k]] for k in args.arms}
+    for s in args.seeds if "grpo" in arms and not args.steps else []:
+        harness.reuse(harness.OUT / "dash_opsd" / f"grpo-s{s}", RECIPE, [*arms["grpo"], f"seed={s}"],
+                      out_dir / f"grpo-s{s}")
+    runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
     rows = {}
     for arm, dirs in runs.items():
         cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])

@@ -4,19 +4,22 @@ self-distillation drifts?
 
 Paper claim: one-sided on-policy self-distillation (RLSD, OPSD) picks up the style shift any hint induces, so
 response length drifts; RLCSD's contrast cancels it, and beats GRPO. Spec §10 acceptance (scaled): GRPO, OPSD,
-RLCSD (the official constants, recipes/rlcsd_lab.yaml); 500 steps, 3 seeds; pass if RLCSD's response length stays
+RLSD (one-sided: the same credit, hint against the plain prompt), RLCSD (the official constants,
+recipes/rlcsd_lab.yaml); 500 steps, 3 seeds; pass if RLCSD's response length stays
 within ±15% of its initial length and its accuracy ≥ GRPO's, while OPSD's length drifts.
 
-Setting (recipes/rlcsd_lab.yaml): the DASH-OPSD setting, fixed before any RLCSD run (chains of three additions
-mod 10, wrapping steps off by one in 60% of warm-start traces; half the warm-start examples show the problem with
-its clean trace in `<ref>` tags, so a hint changes what the policy predicts). 16 prompts x 8 samples, 48 tokens,
-lr 1e-4, 300 steps (the DASH-OPSD budget), eval every 50 steps on 128 held-out problems with k = 8. The GRPO and
-OPSD arms are exactly experiments/dash_opsd.py's (checked key by key on the resolved config, then copied from
-experiments/out/dash_opsd/ instead of trained again). Not the spec's style-drift corpus (fillers without a
-hint, terse traces with one): the lab has no filler tokens, so the length criterion is measured on the
-setting's own traces.
+Setting, fixed before any RLCSD run (recipes/rlcsd_lab.yaml), the spec's style drift on the DASH-OPSD chains
+(three additions mod 10, wrapping steps off by one in 60% of warm-start traces): the warm start's own traces put
+a filler word (well / ok / note / hmm) after half the steps, while the half of its examples that show the problem
+with its clean trace in `<ref>` tags answer tersely; so any hint changes the style the policy predicts, and a
+one-sided teacher signal is dominated by it. OPSD's teacher is the frozen initial policy shown the clean
+reference (as in experiments/dash_opsd.py); RLCSD's positive hint is a correct sibling, its negatives wrong
+siblings, in the same template. 16 prompts x 8 samples, 48 tokens, lr 1e-4 for every arm, 300 steps (the DASH-OPSD
+budget; the spec's 500 does not fit the session's two lanes beside the other experiments), eval every 50 steps on 128 held-out problems with k = 8. The length criterion is the train
+completion length of the last 10 steps against the first 10.
 
-    PYTHONPATH=src python experiments/rlcsd.py --jobs 2
+    PYTHONPATH=src python experiments/rlcsd.py --jobs 2              # grpo, opsd, rlcsd
+    PYTHONPATH=src python experiments/rlcsd.py --arms rlsd           # + the one-sided ablation
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ ARMS = {
     "opsd": [*PLAIN, "teacher={name: frozen, context: \"{prompt}\\n<ref>{reference}</ref>\"}",
              "loss.terms=[{name: opsd, beta: 0.0, token_clip: 0.05, support: vocab}]"],
     "rlcsd": [],
+    "rlsd": ["rollout.transforms.0.negatives=none"],  # one-sided: the hint against the plain prompt
 }
-REUSED = ("grpo", "opsd")  # from experiments/out/dash_opsd
 
 
 def length_drift(run: Path, n: int = 10) -> float:
@@ -49,15 +52,12 @@ def length_drift(run: Path, n: int = 10) -> float:
 
 def main() -> None:
     def own(p):
-        p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="run / report only these")
+        p.add_argument("--arms", nargs="+", default=["grpo", "opsd", "rlcsd"], choices=list(ARMS),
+                       help="run / report only these")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     arms = {k: [*COMMON, *ARMS[k]] for k in args.arms}
-    for arm in REUSED:
-        for s in args.seeds if arm in arms and not args.steps else []:
-            harness.reuse(harness.OUT / "dash_opsd" / f"{arm}-s{s}", RECIPE, [*arms[arm], f"seed={s}"],
-                          out_dir / f"{arm}-s{s}")
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
     rows = {}
     for arm, dirs in runs.items():
@@ -65,14 +65,16 @@ def main() -> None:
                  for k in ("mean_at_k", "greedy_acc", "len_mean")}
         cells["train len drift"] = harness.agg([length_drift(d) for d in dirs])
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
-        if arm == "rlcsd":
+        if arm in ("rlcsd", "rlsd"):
             cells["targets"] = harness.agg([harness.tail_mean(d, "rollout/rlcsd_targets", 10**9) for d in dirs])
+            cells["hint rows/step"] = harness.agg([harness.tail_mean(d, "rollout/rlcsd_teacher_rows", 10**9)
+                                                   for d in dirs])
         cells["forwards/step"] = harness.agg([harness.forwards(d) for d in dirs])
         cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
         rows[arm] = cells
     before = harness.agg([harness.summary(r)["before"]["eval/mean_at_k"] for r in next(iter(runs.values()))])
     cols = ["mean_at_k", "greedy_acc", "len_mean", "train len drift", "train_correct(tail20)", "targets",
-            "forwards/step", "s/step"]
+            "hint rows/step", "forwards/step", "s/step"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/len_mean"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/completion_len_mean"],
                                  out_dir / "train_curves.png")]

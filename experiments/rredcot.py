@@ -15,10 +15,19 @@ train correctness reaches 0.6 / 0.7 / 0.8 (inf: never within the budget).
 
     PYTHONPATH=src python experiments/rredcot.py --jobs 2
     PYTHONPATH=src python experiments/rredcot.py --arms grpo rredcot   # a subset
+    PYTHONPATH=src python experiments/rredcot.py --check-credit        # credit localisation at the warm start
+
+The credit-localisation check (spec §11), on the warm start before any training: sample rollouts of train
+problems, keep the failed ones with at least two segments whose first wrong step can be read off the trace (the first step whose written
+result differs from the true running value; the commitment segment when every step is right), and report how
+often the most negative δ_k falls on that step's segment against the chance rate 1/K, plus the Spearman
+correlation between V̂(s_k) and a Monte-Carlo estimate (16 sampled continuations from each boundary).
 """
 
 from __future__ import annotations
 
+import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -36,12 +45,91 @@ ARMS = {
 }
 
 
+def first_error(text: str, problem) -> int | None:
+    """The 0-based segment of the first wrong step in a lab trace (a step per ``;``, then the commitment), or None
+    if the trace cannot be read (no thinking span)."""
+    from groupwise.tasks.lab import _OPS
+
+    m = re.search(r"<think>(.*?)</think>", text, re.S)
+    if m is None:
+        return None
+    steps = m.group(1).split(";")[:-1]
+    acc, mod = problem.meta["xs"][0], 10
+    for k, (o, x) in enumerate(zip(problem.meta["ops"], problem.meta["xs"][1:])):
+        acc = _OPS[o](acc, x) % mod
+        if k >= len(steps) or steps[k].rsplit("=", 1)[-1].strip() != str(acc):
+            return min(k, len(steps))
+    return len(steps)  # every step right: the commitment / answer segment is the first wrong one
+
+
+def ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=xs.__getitem__)
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2
+        i = j + 1
+    return out
+
+
+def check_credit(n_failed: int = 500, n_mc: int = 100, k_mc: int = 16) -> None:
+    import torch
+
+    from groupwise.config import load
+    from groupwise.credit.rredcot import deltas
+    from groupwise.drivers.setup import build
+
+    torch.set_num_threads(1)
+    cfg = load(RECIPE, ["trainer.threads=1"])
+    p = build(cfg)
+    values = p.transforms[0]  # the recipe's rredcot transform
+    hits, chance, failed, mc_pairs, step = 0, 0.0, [], [], 0
+    while len(failed) < n_failed:
+        ctx = p.context(step)
+        groups = ctx.sample_groups([p.task.train[step * 16 + i] for i in range(16)])
+        ctx.score(groups)
+        values(groups, ctx)
+        for g in groups:
+            base = statistics.fmean(s.reward for s in g.samples)
+            for s in g.samples:
+                j = first_error(s.text, g.problem)
+                if s.correct or j is None or len(s.meta["rred_bounds"]) < 2 or j >= len(s.meta["rred_bounds"]):
+                    continue  # a success, an unreadable trace, or a single segment (nothing to localise)
+                d = deltas(s.meta["rred_values"], s.reward, base)
+                hits += int(min(range(len(d)), key=d.__getitem__) == j)
+                chance += 1 / len(d)
+                failed.append((g.problem, s))
+        step += 1
+    failed = failed[:n_failed]
+    for prob, s in failed[:n_mc]:  # Monte-Carlo value of each inner boundary
+        bounds = s.meta["rred_bounds"][:-1]
+        ctx = p.context(10**6 + len(mc_pairs))
+        gs = ctx.sample_groups([prob] * len(bounds), n=k_mc,
+                               prefixes=[[s.completion_ids[:b].tolist()] * k_mc for b in bounds])
+        ctx.score(gs)
+        mc_pairs += [(v, statistics.fmean(x.correct for x in g.samples)) for v, g in zip(s.meta["rred_values"], gs)]
+    vx, mx = ranks([a for a, _ in mc_pairs]), ranks([b for _, b in mc_pairs])
+    rho = statistics.correlation(vx, mx)
+    print(f"failed rollouts {len(failed)} (from {step * 16 * cfg.rollout.group_size} sampled): most negative δ on "
+          f"the first wrong step {hits / len(failed):.3f} (chance 1/K = {chance / len(failed):.3f})")
+    print(f"Spearman ρ(V̂(s_k), MC estimate from {k_mc} continuations) = {rho:.3f} over {len(mc_pairs)} boundaries "
+          f"of {min(n_mc, len(failed))} failed rollouts")
+
+
 def main() -> None:
     def own(p):
         p.add_argument("--arms", nargs="+", default=["grpo", "rredcot"], choices=list(ARMS),
                        help="run / report only these")
+        p.add_argument("--check-credit", action="store_true", help="only the credit-localisation check")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
+    if args.check_credit:
+        check_credit()
+        return
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *ARMS[k]] for k in args.arms}, args)
     rows = {}
@@ -52,16 +140,19 @@ def main() -> None:
         for lv in LEVELS:
             cells[f"steps to {lv}"] = harness.agg([harness.first_step_at(d, "reward/correct_frac", lv) for d in dirs])
         cells["forwards/step"] = harness.agg([harness.forwards(d) for d in dirs])
+        cells["value rows/step"] = harness.agg([harness.tail_mean(d, "rollout/rred_value_passes", 10**9)
+                                                if arm != "grpo" else 0.0 for d in dirs])
         cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
         rows[arm] = cells
     before = harness.agg([harness.summary(r)["before"]["eval/mean_at_k"] for r in next(iter(runs.values()))])
     cols = ["mean_at_k", "greedy_acc", "len_mean", "train_correct(tail20)", *[f"steps to {lv}" for lv in LEVELS],
-            "forwards/step", "s/step"]
+            "forwards/step", "value rows/step", "s/step"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/completion_len_mean"], out_dir / "train_curves.png")]
     lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
              f"128 problems; warm start Mean@8 {harness.fmt(before)}. 'steps to x': first step whose trailing 20-step "
-             "train correctness reaches x.\n\n", harness.table(rows, cols),
+             "train correctness reaches x. 'forwards/step': the update's policy passes; 'value rows/step': the rows "
+             "of RREDCoT's extra teacher-forced pass (batched 64 rows to a pass), no generation.\n\n", harness.table(rows, cols),
              "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
     lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
     (out_dir / "results.md").write_text("".join(lines))

@@ -16,6 +16,9 @@ Credit (no grad), with A the row's GRPO advantage:
   sign-preserving: Ã_t = max(Ã_t, 0) if A > 0, min(Ã_t, 0) if A < 0, 0 if A = 0
   two-path loss L = mean_{t∉sel} PPO_t(A) + η · mean_{t∈sel} PPO_t(Ã_t): written as loss weights under the
   ``token_mean`` reduction, N/N_off on unselected and η·N/N_sel on selected loss tokens of the step (N = all)
+One-sided ablation (``negatives: none``, the spec's RLSD arm): e_t = log π_T(y_t | x, h_c) − log π_T(y_t | x), the
+same hint against the plain prompt, for every target with a positive (the same credit stage, so the only change
+is what the hint is contrasted with).
 Defaults are the official configs: τ = 0.02, β = 1, λ = 0.5, δ = 0.02, η = 1, clip ±2, k_max = 4.
 Deviations: the two means are step-global (micro-batch invariant); the official code normalises within each
 micro-batch. The snapshot teacher is re-synced every step (the code: every 10). β = 0 is plain GRPO bit for
@@ -42,6 +45,9 @@ class RLCSDHintsConfig:
     context: str = "{prompt}\n<ref>{hint}</ref>"
     """The teacher's prompt for a hint (the same template for the positive and the negative hints)."""
     positive: Literal["self_rollout", "reference"] = "self_rollout"
+    negatives: Literal["wrong_hints", "none"] = "wrong_hints"
+    """``none``: the one-sided ablation (RLSD-style self-distillation), e_t = log π_T(y_t | x, h_c) − log π(y_t | x),
+    the hinted log-prob against the plain prompt's; no wrong sibling is needed."""
     k_max: int = 4
 
     def __post_init__(self) -> None:
@@ -87,10 +93,13 @@ class RLCSDHints:
         """(positive hint, negative hints) for target i of group g, or None if it gets no contrast."""
         good = [j for j, s in enumerate(g.samples) if s.correct and j != i]
         bad = [j for j, s in enumerate(g.samples) if not s.correct and j != i and ctx.task.extract_answer(s.text)]
-        if not bad or (self.cfg.positive == "self_rollout" and not good):
+        one_sided = self.cfg.negatives == "none"
+        if (not bad and not one_sided) or (self.cfg.positive == "self_rollout" and not good):
             return None
         pos = g.problem.reference if self.cfg.positive == "reference" else \
             g.samples[good[int(torch.randint(len(good), (1,), generator=gen))]].text
+        if one_sided:
+            return pos, []
         order = torch.randperm(len(bad), generator=gen).tolist()  # the first at random, the rest shuffled
         return pos, [g.samples[bad[k]].text for k in order[:self.cfg.k_max]]
 
@@ -100,12 +109,11 @@ class RLCSDHints:
             mixed = any(s.correct for s in g.samples) and not all(s.correct for s in g.samples)
             for i, s in enumerate(g.samples):
                 s.meta.pop("rlcsd_e", None)
-                got = self.hints(g, i, ctx, gen) if mixed else None
+                got = self.hints(g, i, ctx, gen) if mixed or self.cfg.negatives == "none" else None
                 if got is None:
                     continue
-                for hint in (got[0], *got[1]):
-                    queries.append(self._query(g, s, hint, ctx))
-                slots.append((s, 1 + len(got[1])))
+                queries += [self._query(g, s, h, ctx) for h in (got[0], *got[1])] + ([] if got[1] else [s])
+                slots.append((s, 1 + max(len(got[1]), 1)))  # one-sided: the sample itself, on its plain prompt
         lps, at = (ctx.policy_logprobs(queries) if queries else []), 0
         for s, n in slots:
             rows = torch.stack([lp.float() for lp in lps[at:at + n]])  # [1 + K, T]

@@ -154,7 +154,7 @@ class Pipeline:
             params=SamplingParams(r.max_completion_tokens, r.temperature, r.top_p, r.stop),
             group_size=r.group_size, step=step, rng=rng, encode=self.encode,
             policy_logprobs=self.policy_logprobs, model=self.policy, eos_id=self.tokenizer.eos_token_id,
-            teacher=self.teacher)
+            teacher=self.teacher, check=self.reward.check)
 
     def stateful(self) -> dict[str, Any]:
         """Components whose state is checkpointed, by key (those registered ``stateful=True``)."""

@@ -83,6 +83,7 @@ class RolloutContext:
     model: Any = None  # the policy itself, for components that probe it (e.g. attention maps); never train it here
     eos_id: int = 0
     teacher: Any = None  # the run's teacher (teachers.Teacher, passes counted), for transforms that need it early
+    check: Callable[[Problem, str], bool] | None = None  # the run's bounded verifier (timeout / isolation); raises
 
     def sample_groups(self, problems: list[Problem], n: int | None = None, prefixes=None,
                       max_tokens=None, stage: str = "rollout") -> list[Group]:
@@ -105,10 +106,11 @@ class RolloutContext:
 
 
 def verified(ctx: RolloutContext, problem: Problem, text: str) -> bool:
-    """The task's verdict on ``text`` for a transform's diagnostic check; a verifier that raises means "not
-    verified", never a crash of the transform."""
+    """The verdict on ``text`` for a transform's diagnostic check, through the run's bounded verifier (the
+    reward stage's timeout and isolation; the task's own ``verify`` where a context has none); a verifier that
+    raises or times out means "not verified", never a crash or a hang of the transform."""
     try:
-        return bool(ctx.task.verify(problem, text))
+        return bool((ctx.check or ctx.task.verify)(problem, text))
     except Exception:  # noqa: BLE001
         return False
 

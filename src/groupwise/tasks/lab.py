@@ -15,6 +15,8 @@ traces can carry pathologies, each a probability or count in the config (all 0 b
                once it exceeds 0.5)
   p_fix        a wrong step is followed by ``wait`` and the right recomputation (productive reflection)
   p_drift      a correct ``so X.`` is followed by ``wait``, a botched step and a wrong ``so Y.`` (drift)
+  p_filler     a step is followed by a filler word (``well`` / ``ok`` / ``note`` / ``hmm``): verbose style that the
+               clean reference (the privileged view) lacks, the style drift of RLCSD's acceptance setting
   max_checks   0..max_checks redundant ``chk <last step>;`` re-checks after the commitment (overthinking);
                ``check_correct_bonus`` adds that many more allowed checks to traces that end correct
   modes        completions start with a mode tag: <NT> answer only, <SH> two operations per step, <LG> long
@@ -38,6 +40,7 @@ from groupwise.tasks.base import stable_seed
 from groupwise.types import Problem
 
 MODES = ("<NT>", "<SH>", "<LG>")
+FILLERS = ("well ", "ok ", "note ", "hmm ")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _FORMAT = re.compile(r"(<NT>|<SH>|<LG>)?(<think>[^<]*</think>)?<answer>[^<]+</answer>")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -59,6 +62,7 @@ class LabConfig:
     check_correct_bonus: int = 0
     modes: bool = False
     env_latency_s: float = 0.0
+    p_filler: float = 0.0
     p_early_exit: float = 0.0
     """Share of warm-start examples that stop thinking after a random number of clean steps and answer with the
     true result (``<think>3+5=8;</think><answer>3</answer>``), so the model's probability of the gold answer
@@ -75,7 +79,7 @@ class LabConfig:
             raise ValueError(f"modulus={self.modulus}: allowed 2..10 (single-digit values)")
         if not 1 <= self.min_steps <= self.max_steps <= 12:
             raise ValueError(f"min_steps={self.min_steps}, max_steps={self.max_steps}: need 1 <= min <= max <= 12")
-        for f in ("p_slip", "p_wrap_slip", "p_fix", "p_drift", "p_early_exit", "privileged_frac"):
+        for f in ("p_slip", "p_wrap_slip", "p_fix", "p_drift", "p_filler", "p_early_exit", "privileged_frac"):
             if not 0.0 <= getattr(self, f) <= 1.0:
                 raise ValueError(f"{f}={getattr(self, f)}: a probability in [0, 1]")
         if self.max_checks < 0 or self.check_correct_bonus < 0 or self.test_size < 1 or self.env_latency_s < 0:
@@ -178,6 +182,8 @@ class Lab:
                 parts.append(f"{acc}{o}{x}={wrong()};wait ")
             last = f"{acc}{o}{x}={v};"
             parts.append(last)
+            if c.p_filler and rng.random() < c.p_filler:  # no draw at 0: the other pathologies keep their stream
+                parts.append(rng.choice(FILLERS))
             acc = v
         body = "".join(parts) + f"so {acc}."
         if str(acc) == problem.answer and rng.random() < c.p_drift:

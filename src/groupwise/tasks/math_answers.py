@@ -234,7 +234,7 @@ def _box_span(s: str, i: int, b: int, pairs: dict[int, int]) -> tuple[int, int, 
 
 
 def _strip_trailing_dots(s: str) -> str:
-    """``s`` without its trailing run of whitespace and dots, in linear time (``re.sub(r"[\s.]+$", "", s)``
+    r"""``s`` without its trailing run of whitespace and dots, in linear time (``re.sub(r"[\s.]+$", "", s)``
     retries the run from each of its positions: quadratic, 19 s for a 20k-character ``"1 . . . x"``)."""
     end = len(s)
     while end and (s[end - 1] == "." or s[end - 1].isspace()):

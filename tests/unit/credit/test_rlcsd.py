@@ -103,6 +103,27 @@ def test_the_transform_contrasts_a_correct_hint_with_wrong_ones(tokenizer, lab, 
     assert not any("rlcsd_e" in s.meta for s in t(flat, same)[0].samples)
 
 
+def test_one_sided_contrasts_the_hint_with_the_plain_prompt(tokenizer, lab, tiny_model):
+    p = lab.test[0]
+    a, w1 = p.answer, str((int(p.answer) + 1) % 10)
+    texts = [f"<answer>{a}</answer>", f"<answer>{a}</answer>", f"<answer>{w1}</answer>", f"<answer>{a}</answer>"]
+    ctx = context(tokenizer, lab, texts, tiny_model)
+    groups = ctx.sample_groups([p])
+    ctx.score(groups)
+    t = rlcsd_hints(RLCSDHintsConfig(negatives="none"), None)
+    (g,) = t(groups, ctx)
+    assert t.metrics()["rollout/rlcsd_teacher_rows"] == 4 * 2  # each target: its hint and its plain prompt
+    s = g.samples[2]  # the wrong one: its positive is one of the three correct siblings (all the same text)
+    hinted = t._query(g, s, texts[0], ctx)
+    want = ctx.policy_logprobs([hinted])[0] - ctx.policy_logprobs([s])[0]
+    torch.testing.assert_close(s.meta["rlcsd_e"], want.float(), rtol=0, atol=1e-6)
+    # an all-correct group still gets a signal (no wrong sibling is needed), which the clamp zeroes (A = 0)
+    same = context(tokenizer, lab, [f"<answer>{a}</answer>"] * 3, tiny_model)
+    flat = same.sample_groups([p])
+    same.score(flat)
+    assert all("rlcsd_e" in s.meta for s in t(flat, same)[0].samples)
+
+
 def test_config():
     with pytest.raises(ConfigError, match="needs the 'rlcsd' group transform"):
         load(None, ["credit=[rlcsd]"])
@@ -111,3 +132,5 @@ def test_config():
     load(None, ["rollout.transforms=[rlcsd]", "credit=[rlcsd]"])
     with pytest.raises(ValueError, match="needs \\{hint\\}"):
         RLCSDHintsConfig(context="{prompt}")
+    with pytest.raises(ConfigError, match="negatives"):
+        load(None, ["rollout.transforms=[{name: rlcsd, negatives: both}]", "credit=[rlcsd]"])

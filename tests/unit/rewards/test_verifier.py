@@ -66,6 +66,24 @@ def test_process_isolation_in_the_reward_stage_counts_and_agrees_with_alarm():
     proc.verifier.close()
 
 
+def test_transforms_check_answers_through_the_bounded_verifier():
+    """``rollout.base.verified`` (DRE, DASH drift, RREDCoT) goes through the context's ``check``: a verifier stuck in
+    C code is killed at the stage's timeout and reads "not verified"; the task's own verify is only the fallback."""
+    from groupwise.rollout.base import RolloutContext, verified
+
+    stage = RewardStage(Task(), [], 0.5, isolation="process")
+    ctx = RolloutContext(generator=None, tokenizer=None, task=Task(), score=None, params=None, group_size=1, step=0,
+                         rng=None, encode=None, policy_logprobs=None, check=stage.check)
+    p = Problem("p", "q", "7")
+    t0 = time.time()
+    assert verified(ctx, p, "7") and not verified(ctx, p, "c-loop") and not verified(ctx, p, "exit")
+    assert time.time() - t0 < 5 and verified(ctx, p, "7")
+    stage.verifier.close()
+    bare = RolloutContext(generator=None, tokenizer=None, task=Task(), score=None, params=None, group_size=1, step=0,
+                          rng=None, encode=None, policy_logprobs=None)
+    assert verified(bare, p, "7") and not verified(bare, p, "boom")
+
+
 TRAINER = """
 import signal, sys, time
 from groupwise.rewards.verifier import ProcessVerifier

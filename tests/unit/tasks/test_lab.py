@@ -74,6 +74,18 @@ def test_drift_and_fix_traces():
         assert "wait " in t and fix.verify(p, t)
 
 
+def test_filler_style_is_verbose_but_correct_and_the_privileged_view_terse():
+    lab = Lab(LabConfig(p_filler=1.0, privileged_frac=0.5, ops="+", min_steps=3, max_steps=3), 0)
+    pairs = lab.sft_examples(random.Random(2), 200)
+    plain = [(p, t) for p, t in pairs if "<ref>" not in str(p.prompt)]
+    assert 50 < len(plain) < 150
+    for p, t in plain:  # every step (3) followed by one filler word; still verified
+        assert sum(t.count(f) for f in ("well ", "ok ", "note ", "hmm ")) == 3 and lab.verify(p, t)
+    for p, t in pairs:  # the privileged view's target is the terse reference
+        if "<ref>" in str(p.prompt):
+            assert not any(f in t for f in ("well ", "ok ", "note ", "hmm ")) and lab.verify(p, t)
+
+
 def test_modes():
     lab = Lab(LabConfig(modes=True), 0)
     seen = {t[:4] for _, t in lab.sft_examples(random.Random(0), 60)}
