@@ -6,11 +6,12 @@ self-correction rate and fewer abandoned answers. Spec §6 acceptance (scaled): 
 steps, 3 seeds; pass if DASH cuts the drift rate by ≥ 30% relative to GRPO, keeps or raises the productive-fix
 rate, accuracy ≥ GRPO, and the no-escalation ablation cuts drift less.
 
-Setting, fixed before any DASH run (recipes/dash_drift_lab.yaml): chains of three additions mod 10 from a
-600-step warm start whose traces drift (p_drift 0.3: a correct ``so X.``, then ``wait``, a botched step and a
-wrong ``so Y.``) and sometimes fix a wrong step (p_fix 0.1: ``wait`` and the right recomputation). Every arm runs
-the ``dash_drift`` transform, which only marks commitments and counts drift (``drift_reward: 0`` in the baseline
-arms, so their rewards and advantages are plain GRPO's / Dr.GRPO's). 16 prompts x 8 samples, 80 tokens, lr 1e-4,
+Setting, fixed before any DASH run (recipes/dash_drift_lab.yaml): the lab's default chains (2-4 additions /
+subtractions mod 10) from the default 600-step warm start, whose traces drift (p_drift 0.3: a correct
+``so X.``, then ``wait``, a botched step and a wrong ``so Y.``). No p_fix: wrong-then-fixed steps inside the chain
+(p_fix 0.1-0.2) left the warm start unable to add (9-14% accuracy), so productive fixes can only emerge here.
+Every arm runs the ``dash_drift`` transform, which marks commitments and counts drift (``drift_reward: 0`` in the
+baseline arms, so their rewards and advantages are plain GRPO's / Dr.GRPO's). 16 prompts x 8 samples, 80 tokens, lr 1e-4,
 300 steps (cut from the spec's 500 to fit two lanes of one session), eval every 50 steps on 128 held-out problems
 with k = 8. Drift rate = share of train rollouts with a correct commitment and a wrong final answer; fix rate =
 share with a wrong commitment and a correct final answer (both from the transform, tail = last 20 steps).

@@ -9,14 +9,16 @@ recipes/rlcsd_lab.yaml); 500 steps, 3 seeds; pass if RLCSD's response length sta
 within ±15% of its initial length and its accuracy ≥ GRPO's, while OPSD's length drifts.
 
 Setting, fixed before any RLCSD run (recipes/rlcsd_lab.yaml), the spec's style drift on the DASH-OPSD chains
-(three additions mod 10, wrapping steps off by one in 60% of warm-start traces): the warm start's own traces put
-a filler word (well / ok / note / hmm) after half the steps, while the half of its examples that show the problem
-with its clean trace in `<ref>` tags answer tersely; so any hint changes the style the policy predicts, and a
-one-sided teacher signal is dominated by it. OPSD's teacher is the frozen initial policy shown the clean
-reference (as in experiments/dash_opsd.py); RLCSD's positive hint is a correct sibling, its negatives wrong
-siblings, in the same template. 16 prompts x 8 samples, 48 tokens, lr 1e-4 for every arm, 300 steps (the DASH-OPSD
-budget; the spec's 500 does not fit the session's two lanes beside the other experiments), eval every 50 steps on 128 held-out problems with k = 8. The length criterion is the train
-completion length of the last 10 steps against the first 10.
+(three additions mod 10, wrapping steps off by one in 60% of warm-start traces): half the warm start's own
+traces end their thinking with 1-3 filler words (well / ok / note / hmm) after the commitment, while the half of
+its examples that show the problem with its clean trace in `<ref>` tags answer tersely; so any hint changes the
+style the policy predicts, and a one-sided teacher signal is dominated by it. (Fillers between the steps were
+tried first and dropped: the warm start then could not add, 9% accuracy, and GRPO did not move in 150 steps.)
+OPSD's teacher is the frozen initial policy shown the clean reference (as in experiments/dash_opsd.py);
+RLCSD's positive hint is a correct sibling, its negatives wrong siblings, in the same template. 16 prompts x 8
+samples, 48 tokens, lr 1e-4 for every arm, 200 steps (cut from the spec's 500 to fit the session's two lanes
+beside the other experiments; the curves show whether they flattened), eval every 50 steps on 128 held-out problems with k = 8.
+The length criterion: mean train completion length of the last 10 steps against the first 10.
 
     PYTHONPATH=src python experiments/rlcsd.py --jobs 2              # grpo, opsd, rlcsd
     PYTHONPATH=src python experiments/rlcsd.py --arms rlsd           # + the one-sided ablation
@@ -33,7 +35,7 @@ import harness  # noqa: E402
 
 EXPERIMENT = "rlcsd"
 RECIPE = "recipes/rlcsd_lab.yaml"
-COMMON = ["trainer.steps=300", "trainer.save_every=0", "trainer.sinks=[jsonl]"]
+COMMON = ["trainer.steps=200", "trainer.save_every=0", "trainer.sinks=[jsonl]"]
 PLAIN = ["rollout.transforms=[]", "credit=[]"]
 ARMS = {
     "grpo": [*PLAIN],

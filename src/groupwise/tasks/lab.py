@@ -15,8 +15,9 @@ traces can carry pathologies, each a probability or count in the config (all 0 b
                once it exceeds 0.5)
   p_fix        a wrong step is followed by ``wait`` and the right recomputation (productive reflection)
   p_drift      a correct ``so X.`` is followed by ``wait``, a botched step and a wrong ``so Y.`` (drift)
-  p_filler     a step is followed by a filler word (``well`` / ``ok`` / ``note`` / ``hmm``): verbose style that the
-               clean reference (the privileged view) lacks, the style drift of RLCSD's acceptance setting
+  p_filler     the commitment is followed by 1-3 filler words (``well`` / ``ok`` / ``note`` / ``hmm``): verbose style
+               that the clean reference (the privileged view) lacks, RLCSD's style drift (after the commitment, so
+               the steps keep their positions: fillers between steps stop the tiny model from learning to add)
   max_checks   0..max_checks redundant ``chk <last step>;`` re-checks after the commitment (overthinking);
                ``check_correct_bonus`` adds that many more allowed checks to traces that end correct
   modes        completions start with a mode tag: <NT> answer only, <SH> two operations per step, <LG> long
@@ -182,14 +183,14 @@ class Lab:
                 parts.append(f"{acc}{o}{x}={wrong()};wait ")
             last = f"{acc}{o}{x}={v};"
             parts.append(last)
-            if c.p_filler and rng.random() < c.p_filler:  # no draw at 0: the other pathologies keep their stream
-                parts.append(rng.choice(FILLERS))
             acc = v
         body = "".join(parts) + f"so {acc}."
         if str(acc) == problem.answer and rng.random() < c.p_drift:
             acc = rng.choice([u for u in range(c.modulus) if u != acc])
             body += f"wait {last.split('=')[0]}={acc};so {acc}."
             last = f"{last.split('=')[0]}={acc};"
+        if c.p_filler and rng.random() < c.p_filler:  # no draw at 0: the other pathologies keep their stream
+            body += "".join(rng.choice(FILLERS) for _ in range(rng.randint(1, 3)))
         bonus = c.check_correct_bonus if str(acc) == problem.answer else 0
         body += ("chk " + last) * rng.randint(0, c.max_checks + bonus)
         tag = "<LG>" if c.modes else ""

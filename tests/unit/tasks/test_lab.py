@@ -79,8 +79,10 @@ def test_filler_style_is_verbose_but_correct_and_the_privileged_view_terse():
     pairs = lab.sft_examples(random.Random(2), 200)
     plain = [(p, t) for p, t in pairs if "<ref>" not in str(p.prompt)]
     assert 50 < len(plain) < 150
-    for p, t in plain:  # every step (3) followed by one filler word; still verified
-        assert sum(t.count(f) for f in ("well ", "ok ", "note ", "hmm ")) == 3 and lab.verify(p, t)
+    for p, t in plain:  # 1-3 filler words after the commitment, the steps untouched; still verified
+        steps, tail = t.split("so ", 1)
+        assert not any(f in steps for f in ("well ", "ok ", "note ", "hmm ")) and lab.verify(p, t)
+        assert 1 <= sum(tail.count(f) for f in ("well ", "ok ", "note ", "hmm ")) <= 3
     for p, t in pairs:  # the privileged view's target is the terse reference
         if "<ref>" in str(p.prompt):
             assert not any(f in t for f in ("well ", "ok ", "note ", "hmm ")) and lab.verify(p, t)
