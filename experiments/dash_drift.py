@@ -6,12 +6,14 @@ self-correction rate and fewer abandoned answers. Spec §6 acceptance (scaled): 
 steps, 3 seeds; pass if DASH cuts the drift rate by ≥ 30% relative to GRPO, keeps or raises the productive-fix
 rate, accuracy ≥ GRPO, and the no-escalation ablation cuts drift less.
 
-Setting, fixed before any DASH run (recipes/dash_drift_lab.yaml): the lab's default chains (2-4 additions /
-subtractions mod 10) from the default 600-step warm start, whose traces drift (p_drift 0.3: a correct
-``so X.``, then ``wait``, a botched step and a wrong ``so Y.``). No p_fix: wrong-then-fixed steps inside the chain
-(p_fix 0.1-0.2) left the warm start unable to add (9-14% accuracy), so productive fixes can only emerge here.
+Setting, fixed before any DASH run (recipes/dash_drift_lab.yaml): the demo's chains and warm start (three
+additions mod 10, 400 SFT steps, wrapping steps off by one in 60% of traces) whose traces also drift (p_drift 0.3:
+a correct ``so X.``, then ``wait``, a botched step and a wrong ``so Y.``). No p_fix: wrong-then-fixed steps inside
+the chain (p_fix 0.1-0.2) left the warm start unable to add (9-14% accuracy), so productive fixes can only emerge.
+A first setting on the lab's default chains (2-4 steps of + and -, p_drift 0.3) was dropped after a one-seed GRPO
+pilot that did not learn (train correctness 0.15 -> 0.11 over 100 steps, held-out Mean@8 0.18 -> 0.11 at step 50).
 Every arm runs the ``dash_drift`` transform, which marks commitments and counts drift (``drift_reward: 0`` in the
-baseline arms, so their rewards and advantages are plain GRPO's / Dr.GRPO's). 16 prompts x 8 samples, 80 tokens, lr 1e-4,
+baseline arms, so their rewards and advantages are plain GRPO's / Dr.GRPO's). 16 prompts x 8 samples, 64 tokens, lr 1e-4,
 300 steps (cut from the spec's 500 to fit two lanes of one session), eval every 50 steps on 128 held-out problems
 with k = 8. Drift rate = share of train rollouts with a correct commitment and a wrong final answer; fix rate =
 share with a wrong commitment and a correct final answer (both from the transform, tail = last 20 steps).

@@ -88,6 +88,8 @@ def check_credit(n_failed: int = 500, n_mc: int = 100, k_mc: int = 16) -> None:
     p = build(cfg)
     values = p.transforms[0]  # the recipe's rredcot transform
     hits, chance, failed, mc_pairs, step = 0, 0.0, [], [], 0
+    first = {True: [], False: []}  # δ_1 (the first segment's credit) of every rollout with two or more segments
+    v_all, r_all = [], []
     while len(failed) < n_failed:
         ctx = p.context(step)
         groups = ctx.sample_groups([p.task.train[step * 16 + i] for i in range(16)])
@@ -96,6 +98,10 @@ def check_credit(n_failed: int = 500, n_mc: int = 100, k_mc: int = 16) -> None:
         for g in groups:
             base = statistics.fmean(s.reward for s in g.samples)
             for s in g.samples:
+                v_all += s.meta["rred_values"]
+                r_all.append(s.reward)
+                if len(s.meta["rred_bounds"]) >= 2:
+                    first[bool(s.correct)].append(deltas(s.meta["rred_values"], s.reward, base)[0])
                 j = first_error(s.text, g.problem)
                 if s.correct or j is None or len(s.meta["rred_bounds"]) < 2 or j >= len(s.meta["rred_bounds"]):
                     continue  # a success, an unreadable trace, or a single segment (nothing to localise)
@@ -116,6 +122,9 @@ def check_credit(n_failed: int = 500, n_mc: int = 100, k_mc: int = 16) -> None:
     rho = statistics.correlation(vx, mx)
     print(f"failed rollouts {len(failed)} (from {step * 16 * cfg.rollout.group_size} sampled): most negative δ on "
           f"the first wrong step {hits / len(failed):.3f} (chance 1/K = {chance / len(failed):.3f})")
+    print(f"mean V̂(s_k) over inner boundaries {statistics.fmean(v_all):.3f} against the mean reward "
+          f"{statistics.fmean(r_all):.3f} (= V̂(s_0), the group baseline); mean δ_1 on correct rollouts "
+          f"{statistics.fmean(first[True]):.3f}, on failed ones {statistics.fmean(first[False]):.3f}")
     print(f"Spearman ρ(V̂(s_k), MC estimate from {k_mc} continuations) = {rho:.3f} over {len(mc_pairs)} boundaries "
           f"of {min(n_mc, len(failed))} failed rollouts")
 

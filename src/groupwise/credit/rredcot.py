@@ -157,10 +157,10 @@ def rredcot(batch: TokenBatch, cfg: RREDCoTConfig) -> TokenBatch:
             same = batch.group_index == batch.group_index[b]
             r = rewards[same]
             per_row[b] = (deltas(s.meta["rred_values"], s.reward, float(r.mean())),
-                          float(r.std()) if len(r) > 1 else 0.0, same)
+                          float(r.std()) if len(r) > 1 else 0.0)
     if cfg.mode == "grpo_process":
         per_row = _normalised(per_row, batch)
-    for b, (d, std, _) in per_row.items():
+    for b, (d, std) in per_row.items():
         seg = returns(d, cfg.lam if cfg.mode != "grpo_process" else 1.0)
         scale = 1.0 if cfg.mode == "grpo_process" else 1.0 / (std + 1e-6)
         bounds = batch.samples[b].meta["rred_bounds"]
@@ -180,5 +180,5 @@ def _normalised(per_row: dict, batch: TokenBatch) -> dict:
         flat = torch.tensor([x for b in members for x in per_row[b][0]], dtype=torch.float64)
         mean, std = flat.mean(), (flat.std() if len(flat) > 1 else torch.tensor(0.0))
         for b in members:
-            out[b] = ([float((x - mean) / (std + 1e-6)) for x in per_row[b][0]], 0.0, per_row[b][2])
+            out[b] = ([float((x - mean) / (std + 1e-6)) for x in per_row[b][0]], 0.0)
     return out
