@@ -145,7 +145,9 @@ def first_step_at(run: Path, key: str, level: float, window: int = 20) -> float:
 
 
 def agg(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+    finite = all(v not in (float("inf"), float("-inf")) for v in values)  # e.g. "never reached" in steps-to-x
+    return {"mean": statistics.fmean(values),
+            "std": (statistics.stdev(values) if len(values) > 1 else 0.0) if finite else float("nan"),
             "min": min(values), "max": max(values), "n": len(values)}
 
 

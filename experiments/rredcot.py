@@ -41,7 +41,7 @@ LEVELS = (0.6, 0.7, 0.8)
 ARMS = {
     "grpo": ["rollout.transforms=[]", "credit=[]"],
     "rredcot": [],
-    "mix": ["credit=[{name: rredcot, mode: mix, lam: 0.5}]"],
+    "mix": ["credit=[{name: rredcot, mode: mix, omega: 0.5}]"],  # (1 − ω)·A_GRPO + ω·A_rudder, λ = 0
 }
 
 
