@@ -17,7 +17,8 @@ Every arm runs the ``dash_drift`` transform, which marks commitments and counts 
 baseline arms, so their rewards and advantages are plain GRPO's / Dr.GRPO's). 16 prompts x 8 samples, 64 tokens, lr 1e-4,
 150 steps (cut from the spec's 500 to fit the end of the session; the curves show whether they flattened), eval every 50 steps on 128 held-out problems
 with k = 8. Drift rate = share of train rollouts with a correct commitment and a wrong final answer; fix rate =
-share with a wrong commitment and a correct final answer (both from the transform, tail = last 20 steps).
+share with a wrong commitment and a correct final answer (both from the transform; first 10 steps, steps 1-30 (the
+speed of removal: a GRPO pilot removed most drift within ~20 steps) and the last 20).
 
     PYTHONPATH=src python experiments/dash_drift.py --jobs 2                   # grpo, dash
     PYTHONPATH=src python experiments/dash_drift.py --arms dr_grpo dash_dr no_escalation
@@ -47,7 +48,7 @@ ARMS = {
 
 
 def head_mean(run: Path, key: str, n: int = 10) -> float:
-    return statistics.fmean([r[key] for r in harness.metrics(run) if key in r][:n])
+    return statistics.fmean([r[key] for r in harness.metrics(run) if key in r and "perf/step_s" in r][:n])
 
 
 def main() -> None:
@@ -64,13 +65,16 @@ def main() -> None:
         for key, name in (("rollout/drift_frac", "drift"), ("rollout/fix_frac", "fix"),
                           ("rollout/tokens_after_correct", "tokens after correct")):
             cells[f"{name} (first 10)"] = harness.agg([head_mean(d, key) for d in dirs])
+            cells[f"{name} (steps 1-30)"] = harness.agg([head_mean(d, key, 30) for d in dirs])
             cells[f"{name} (tail20)"] = harness.agg([harness.tail_mean(d, key) for d in dirs])
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
+        cells["train_correct(steps 1-30)"] = harness.agg([head_mean(d, "reward/correct_frac", 30) for d in dirs])
         cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
         rows[arm] = cells
     before = harness.agg([harness.summary(r)["before"]["eval/mean_at_k"] for r in next(iter(runs.values()))])
-    cols = ["mean_at_k", "greedy_acc", "len_mean", "train_correct(tail20)", "s/step"]
-    behaviour = [f"{n} ({w})" for n in ("drift", "fix", "tokens after correct") for w in ("first 10", "tail20")]
+    cols = ["mean_at_k", "greedy_acc", "len_mean", "train_correct(steps 1-30)", "train_correct(tail20)", "s/step"]
+    behaviour = [f"{n} ({w})" for n in ("drift", "fix", "tokens after correct")
+                 for w in ("first 10", "steps 1-30", "tail20")]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/drift_frac", "rollout/fix_frac"],
                                  out_dir / "train_curves.png")]
