@@ -60,8 +60,7 @@ def main() -> None:
     runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *ARMS[k]] for k in args.arms}, args)
     rows = {}
     for arm, dirs in runs.items():
-        cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])
-                 for k in ("mean_at_k", "greedy_acc", "len_mean")}
+        cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "len_mean"))
         for key, name in (("rollout/drift_frac", "drift"), ("rollout/fix_frac", "fix"),
                           ("rollout/tokens_after_correct", "tokens after correct")):
             cells[f"{name} (first 10)"] = harness.agg([head_mean(d, key) for d in dirs])
@@ -82,9 +81,7 @@ def main() -> None:
              f"128 problems; warm start Mean@8 {harness.fmt(before)}.\n\n", harness.table(rows, cols),
              "\nBehaviour on the train rollouts (share of rollouts; tokens after the first correct commitment):\n\n",
              harness.table(rows, behaviour), "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
-    lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
-    (out_dir / "results.md").write_text("".join(lines))
-    print("".join(lines))
+    harness.write_report(out_dir, lines, plots)
 
 
 if __name__ == "__main__":

@@ -81,8 +81,7 @@ def main() -> None:
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
     rows = {}
     for arm, dirs in runs.items():
-        cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])
-                 for k in ("mean_at_k", "greedy_acc", "pass_at_k", "len_mean")}
+        cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "pass_at_k", "len_mean"))
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
         cells["forwards/step"] = harness.agg([harness.forwards(d) for d in dirs])
         cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
@@ -97,9 +96,7 @@ def main() -> None:
              harness.table(rows, cols)]
     lines += ["\nHeld-out Mean@8 at every evaluation (the curve as numbers; the criterion is the final column):\n\n",
               harness.eval_curve(runs)]
-    lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
-    (out_dir / "results.md").write_text("".join(lines))
-    print("".join(lines))
+    harness.write_report(out_dir, lines, plots)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,7 @@ def main() -> None:
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
     rows = {}
     for arm, dirs in runs.items():
-        cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])
-                 for k in ("mean_at_k", "pass_at_k", "greedy_acc")}
+        cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "greedy_acc"))
         cells["entropy(tail20)"] = harness.agg([harness.tail_mean(d, "policy/entropy") for d in dirs])
         cells["teacher fwd/step"] = harness.agg([harness.tail_mean(d, "teacher/forwards") if arm != "grpo" else 0.0
                                                  for d in dirs])
@@ -68,9 +67,7 @@ def main() -> None:
              harness.plot_curves(runs, ["policy/entropy", "reward/correct_frac"], out_dir / "train_curves.png")]
     lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out pass@1 (Mean@8), pass@8 and "
              "greedy on 128 problems.\n\n", harness.table(rows, cols)]
-    lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
-    (out_dir / "results.md").write_text("".join(lines))
-    print("".join(lines))
+    harness.write_report(out_dir, lines, plots)
 
 
 if __name__ == "__main__":

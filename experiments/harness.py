@@ -118,6 +118,18 @@ def tail_mean(run: Path, key: str, tail: int = 20) -> float:
     return statistics.fmean(rows[-tail:])
 
 
+def eval_cells(dirs: list[Path], keys=("mean_at_k", "greedy_acc", "len_mean")) -> dict[str, dict[str, float]]:
+    """Each held-out metric ``eval/<key>`` after training, aggregated over an arm's seeds."""
+    return {k: agg([final_eval(d, f"eval/{k}") for d in dirs]) for k in keys}
+
+
+def write_report(out_dir: Path, lines: list[str], plots: list[Path]) -> None:
+    """``results.md`` in the experiment's output directory (the plots linked at the end), echoed to stdout."""
+    lines = [*lines, *[f"\n![{p.stem}]({p.name})\n" for p in plots]]
+    (out_dir / "results.md").write_text("".join(lines))
+    print("".join(lines))
+
+
 def forwards(run: Path) -> float:
     """Mean forward passes per step: the policy's micro-batches plus the teacher's."""
     rows = [r for r in metrics(run) if "perf/step_s" in r]

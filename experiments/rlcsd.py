@@ -63,8 +63,7 @@ def main() -> None:
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
     rows = {}
     for arm, dirs in runs.items():
-        cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])
-                 for k in ("mean_at_k", "greedy_acc", "len_mean")}
+        cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "len_mean"))
         cells["train len drift"] = harness.agg([length_drift(d) for d in dirs])
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
         if arm in ("rlcsd", "rlsd"):
@@ -84,9 +83,7 @@ def main() -> None:
              f"length on 128 problems; warm start Mean@8 {harness.fmt(before)}. 'train len drift': mean completion "
              "length of the last 10 steps over the first 10, minus 1.\n\n", harness.table(rows, cols),
              "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
-    lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
-    (out_dir / "results.md").write_text("".join(lines))
-    print("".join(lines))
+    harness.write_report(out_dir, lines, plots)
 
 
 if __name__ == "__main__":

@@ -62,26 +62,13 @@ def first_error(text: str, problem) -> int | None:
     return len(steps)  # every step right: the commitment / answer segment is the first wrong one
 
 
-def ranks(xs: list[float]) -> list[float]:
-    order = sorted(range(len(xs)), key=xs.__getitem__)
-    out = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2
-        i = j + 1
-    return out
-
-
 def check_credit(n_failed: int = 500, n_mc: int = 100, k_mc: int = 16) -> None:
     import torch
 
     from groupwise.config import load
     from groupwise.credit.rredcot import deltas
     from groupwise.drivers.setup import build
+    from groupwise.select.pivottrace import spearman
 
     torch.set_num_threads(1)
     cfg = load(RECIPE, ["trainer.threads=1"])
@@ -118,8 +105,7 @@ def check_credit(n_failed: int = 500, n_mc: int = 100, k_mc: int = 16) -> None:
                                prefixes=[[s.completion_ids[:b].tolist()] * k_mc for b in bounds])
         ctx.score(gs)
         mc_pairs += [(v, statistics.fmean(x.correct for x in g.samples)) for v, g in zip(s.meta["rred_values"], gs)]
-    vx, mx = ranks([a for a, _ in mc_pairs]), ranks([b for _, b in mc_pairs])
-    rho = statistics.correlation(vx, mx)
+    rho = spearman([a for a, _ in mc_pairs], [b for _, b in mc_pairs])
     print(f"failed rollouts {len(failed)} (from {step * 16 * cfg.rollout.group_size} sampled): most negative δ on "
           f"the first wrong step {hits / len(failed):.3f} (chance 1/K = {chance / len(failed):.3f})")
     print(f"mean V̂(s_k) over inner boundaries {statistics.fmean(v_all):.3f} against the mean reward "
@@ -143,8 +129,7 @@ def main() -> None:
     runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *ARMS[k]] for k in args.arms}, args)
     rows = {}
     for arm, dirs in runs.items():
-        cells = {k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs])
-                 for k in ("mean_at_k", "greedy_acc", "len_mean")}
+        cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "len_mean"))
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
         for lv in LEVELS:
             cells[f"steps to {lv}"] = harness.agg([harness.first_step_at(d, "reward/correct_frac", lv) for d in dirs])
@@ -163,9 +148,7 @@ def main() -> None:
              "train correctness reaches x. 'forwards/step': the update's policy passes; 'value rows/step': the rows "
              "of RREDCoT's extra teacher-forced pass (batched 64 rows to a pass), no generation.\n\n", harness.table(rows, cols),
              "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
-    lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
-    (out_dir / "results.md").write_text("".join(lines))
-    print("".join(lines))
+    harness.write_report(out_dir, lines, plots)
 
 
 if __name__ == "__main__":
