@@ -112,8 +112,9 @@ class RLCSDHints:
                 got = self.hints(g, i, ctx, gen) if mixed or self.cfg.negatives == "none" else None
                 if got is None:
                     continue
-                queries += [self._query(g, s, h, ctx) for h in (got[0], *got[1])] + ([] if got[1] else [s])
-                slots.append((s, 1 + max(len(got[1]), 1)))  # one-sided: the sample itself, on its plain prompt
+                others = got[1] or [None]  # one-sided: the sample itself, on its plain prompt
+                queries += [self._query(g, s, got[0], ctx)] + [s if h is None else self._query(g, s, h, ctx) for h in others]
+                slots.append((s, 1 + len(others)))
         lps, at = (ctx.policy_logprobs(queries) if queries else []), 0
         for s, n in slots:
             rows = torch.stack([lp.float() for lp in lps[at:at + n]])  # [1 + K, T]

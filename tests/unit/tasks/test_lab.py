@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from groupwise.tasks.lab import Lab, LabConfig
+from groupwise.tasks.lab import FILLERS, Lab, LabConfig
 
 
 @pytest.mark.parametrize(
@@ -81,11 +81,11 @@ def test_filler_style_is_verbose_but_correct_and_the_privileged_view_terse():
     assert 50 < len(plain) < 150
     for p, t in plain:  # 1-3 filler words after the commitment, the steps untouched; still verified
         steps, tail = t.split("so ", 1)
-        assert not any(f in steps for f in ("well ", "ok ", "note ", "hmm ")) and lab.verify(p, t)
-        assert 1 <= sum(tail.count(f) for f in ("well ", "ok ", "note ", "hmm ")) <= 3
+        assert not any(f in steps for f in FILLERS) and lab.verify(p, t)
+        assert 1 <= sum(tail.count(f) for f in FILLERS) <= 3
     for p, t in pairs:  # the privileged view's target is the terse reference
         if "<ref>" in str(p.prompt):
-            assert not any(f in t for f in ("well ", "ok ", "note ", "hmm ")) and lab.verify(p, t)
+            assert not any(f in t for f in FILLERS) and lab.verify(p, t)
 
 
 def test_modes():
