@@ -26,7 +26,6 @@ speed of removal: a GRPO pilot removed most drift within ~20 steps) and the last
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -47,10 +46,6 @@ ARMS = {
 }
 
 
-def head_mean(run: Path, key: str, n: int = 10) -> float:
-    return statistics.fmean([r[key] for r in harness.metrics(run) if key in r and "perf/step_s" in r][:n])
-
-
 def main() -> None:
     def own(p):
         p.add_argument("--arms", nargs="+", default=["grpo", "dash"], choices=list(ARMS), help="run / report only these")
@@ -63,23 +58,26 @@ def main() -> None:
         cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "len_mean"))
         for key, name in (("rollout/drift_frac", "drift"), ("rollout/fix_frac", "fix"),
                           ("rollout/tokens_after_correct", "tokens after correct")):
-            cells[f"{name} (first 10)"] = harness.agg([head_mean(d, key) for d in dirs])
-            cells[f"{name} (steps 1-30)"] = harness.agg([head_mean(d, key, 30) for d in dirs])
+            cells[f"{name} (first 10)"] = harness.agg([harness.head_mean(d, key) for d in dirs])
+            cells[f"{name} (steps 1-30)"] = harness.agg([harness.head_mean(d, key, 30) for d in dirs])
             cells[f"{name} (tail20)"] = harness.agg([harness.tail_mean(d, key) for d in dirs])
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
-        cells["train_correct(steps 1-30)"] = harness.agg([head_mean(d, "reward/correct_frac", 30) for d in dirs])
-        cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
+        cells["train_correct(steps 1-30)"] = harness.agg([harness.head_mean(d, "reward/correct_frac", 30) for d in dirs])
+        cells["drift < 2% from step"] = harness.agg([harness.first_step_at(d, "rollout/drift_frac", 0.02, 5, below=True)
+                                                     for d in dirs])
+        cells.update(harness.cost_cells(dirs))
         rows[arm] = cells
-    before = harness.agg([harness.summary(r)["before"]["eval/mean_at_k"] for r in next(iter(runs.values()))])
+    before = harness.warm_start_eval(runs)
     cols = ["mean_at_k", "greedy_acc", "len_mean", "train_correct(steps 1-30)", "train_correct(tail20)", "s/step"]
     behaviour = [f"{n} ({w})" for n in ("drift", "fix", "tokens after correct")
-                 for w in ("first 10", "steps 1-30", "tail20")]
+                 for w in ("first 10", "steps 1-30", "tail20")] + ["drift < 2% from step"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/drift_frac", "rollout/fix_frac"],
                                  out_dir / "train_curves.png")]
     lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
              f"128 problems; warm start Mean@8 {harness.fmt(before)}.\n\n", harness.table(rows, cols),
-             "\nBehaviour on the train rollouts (share of rollouts; tokens after the first correct commitment):\n\n",
+             "\nBehaviour on the train rollouts (share of rollouts; tokens after the first correct commitment; the first "
+             "step whose trailing 5-step drift rate is under 2%):\n\n",
              harness.table(rows, behaviour), "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
     harness.write_report(out_dir, lines, plots)
 

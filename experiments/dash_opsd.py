@@ -83,8 +83,7 @@ def main() -> None:
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "pass_at_k", "len_mean"))
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
-        cells["forwards/step"] = harness.agg([harness.forwards(d) for d in dirs])
-        cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
+        cells.update(harness.cost_cells(dirs))
         rows[arm] = cells
     before = statistics.fmean(harness.summary(r)["before"]["eval/mean_at_k"] for r in runs["grpo"])
     cols = ["mean_at_k", "greedy_acc", "pass_at_k", "len_mean", "train_correct(tail20)", "forwards/step", "s/step"]

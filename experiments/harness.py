@@ -118,6 +118,23 @@ def tail_mean(run: Path, key: str, tail: int = 20) -> float:
     return statistics.fmean(rows[-tail:])
 
 
+def head_mean(run: Path, key: str, head: int = 10) -> float:
+    """Mean of ``key`` over the first ``head`` training steps (the twin of ``tail_mean``)."""
+    rows = [r[key] for r in metrics(run) if key in r and "perf/step_s" in r]
+    return statistics.fmean(rows[:head])
+
+
+def cost_cells(dirs: list[Path]) -> dict[str, dict[str, float]]:
+    """Policy + teacher forward passes per step and seconds per step (last 20 steps), over an arm's seeds."""
+    return {"forwards/step": agg([forwards(d) for d in dirs]),
+            "s/step": agg([tail_mean(d, "perf/step_s", 10**9) for d in dirs])}
+
+
+def warm_start_eval(runs: dict[str, list[Path]], key: str = "eval/mean_at_k") -> dict[str, float]:
+    """``key`` before training (the same warm start in every arm), over the first arm's seeds."""
+    return agg([summary(r)["before"][key] for r in next(iter(runs.values()))])
+
+
 def eval_cells(dirs: list[Path], keys=("mean_at_k", "greedy_acc", "len_mean")) -> dict[str, dict[str, float]]:
     """Each held-out metric ``eval/<key>`` after training, aggregated over an arm's seeds."""
     return {k: agg([final_eval(d, f"eval/{k}") for d in dirs]) for k in keys}
@@ -147,11 +164,13 @@ def eval_curve(runs: dict[str, list[Path]], key: str = "eval/mean_at_k") -> str:
     return table(rows, [f"step {t}" for t in steps])
 
 
-def first_step_at(run: Path, key: str, level: float, window: int = 20) -> float:
-    """The first step whose trailing ``window``-step mean of ``key`` reaches ``level`` (inf if never)."""
+def first_step_at(run: Path, key: str, level: float, window: int = 20, below: bool = False) -> float:
+    """The first step whose trailing ``window``-step mean of ``key`` reaches ``level`` (falls under it with
+    ``below``); inf if never."""
     rows = [r[key] for r in metrics(run) if key in r and "perf/step_s" in r]
     for i in range(window, len(rows) + 1):
-        if statistics.fmean(rows[i - window:i]) >= level:
+        m = statistics.fmean(rows[i - window:i])
+        if (m < level) if below else (m >= level):
             return float(i)
     return float("inf")
 

@@ -27,6 +27,7 @@ deviation of any 10-step window from the first 10 (the spec's "stays within").
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -60,6 +61,19 @@ def max_length_drift(run: Path, n: int = 10) -> float:
     return max(abs(statistics.fmean(rows[i:i + n]) / base - 1.0) for i in range(0, len(rows) - n + 1))
 
 
+def filler_share(run: Path, n: int = 10) -> tuple[float, float]:
+    """Share of the recorded rollouts with a filler word, over the first and the last ``n`` recorded steps."""
+    from groupwise.tasks.lab import FILLERS
+
+    steps = [json.loads(x) for x in (run / "rollouts.jsonl").read_text().splitlines() if x.strip()]
+
+    def share(rows):
+        texts = [s["text"] for r in rows for g in r["groups"] for s in g["samples"]]
+        return sum(any(f in t for f in FILLERS) for t in texts) / len(texts)
+
+    return share(steps[:n]), share(steps[-n:])
+
+
 def main() -> None:
     def own(p):
         p.add_argument("--arms", nargs="+", default=["grpo", "opsd", "rlcsd"], choices=list(ARMS),
@@ -79,19 +93,22 @@ def main() -> None:
             cells["targets"] = harness.agg([harness.tail_mean(d, "rollout/rlcsd_targets", 10**9) for d in dirs])
             cells["hint rows/step"] = harness.agg([harness.tail_mean(d, "rollout/rlcsd_teacher_rows", 10**9)
                                                    for d in dirs])
-        cells["forwards/step"] = harness.agg([harness.forwards(d) for d in dirs])
-        cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
+        fillers = [filler_share(d) for d in dirs]
+        cells["fillers (first 10)"] = harness.agg([a for a, _ in fillers])
+        cells["fillers (last 10)"] = harness.agg([b for _, b in fillers])
+        cells.update(harness.cost_cells(dirs))
         rows[arm] = cells
-    before = harness.agg([harness.summary(r)["before"]["eval/mean_at_k"] for r in next(iter(runs.values()))])
-    cols = ["mean_at_k", "greedy_acc", "len_mean", "train len drift", "max len drift", "train_correct(tail20)", "targets",
-            "hint rows/step", "forwards/step", "s/step"]
+    before = harness.warm_start_eval(runs)
+    cols = ["mean_at_k", "greedy_acc", "len_mean", "train len drift", "max len drift", "train_correct(tail20)", "fillers (first 10)",
+            "fillers (last 10)", "targets", "hint rows/step", "forwards/step", "s/step"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/len_mean"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/completion_len_mean"],
                                  out_dir / "train_curves.png")]
     lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1), greedy and "
              f"length on 128 problems; warm start Mean@8 {harness.fmt(before)}. 'train len drift': mean completion "
              "length of the last 10 steps over the first 10, minus 1; 'max len drift': the largest |window / first 10 − 1| "
-             "over 10-step windows (the spec's 'stays within ±15%').\n\n", harness.table(rows, cols),
+             "over 10-step windows (the spec's 'stays within ±15%'); 'fillers': share of the recorded rollouts with a "
+             "filler word over the first / last 10 recorded steps.\n\n", harness.table(rows, cols),
              "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
     harness.write_report(out_dir, lines, plots)
 

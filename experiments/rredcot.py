@@ -133,14 +133,17 @@ def main() -> None:
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
         for lv in LEVELS:
             cells[f"steps to {lv}"] = harness.agg([harness.first_step_at(d, "reward/correct_frac", lv) for d in dirs])
-        cells["forwards/step"] = harness.agg([harness.forwards(d) for d in dirs])
-        cells["value rows/step"] = harness.agg([harness.tail_mean(d, "rollout/rred_value_passes", 10**9)
-                                                if arm != "grpo" else 0.0 for d in dirs])
-        cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
+        cells["no correct rollout from step"] = harness.agg([harness.first_step_at(d, "reward/correct_frac", 1e-9, 1,
+                                                                                   below=True) for d in dirs])
+        cells.update(harness.cost_cells(dirs))
+        cells["value rows/step (steps 1-20)"] = harness.agg([harness.head_mean(d, "rollout/rred_value_passes", 20)
+                                                             if arm != "grpo" else 0.0 for d in dirs])
+        cells["s/step (steps 1-20)"] = harness.agg([harness.head_mean(d, "perf/step_s", 20) for d in dirs])
         rows[arm] = cells
-    before = harness.agg([harness.summary(r)["before"]["eval/mean_at_k"] for r in next(iter(runs.values()))])
+    before = harness.warm_start_eval(runs)
     cols = ["mean_at_k", "greedy_acc", "len_mean", "train_correct(tail20)", *[f"steps to {lv}" for lv in LEVELS],
-            "forwards/step", "value rows/step", "s/step"]
+            "no correct rollout from step", "forwards/step", "s/step", "value rows/step (steps 1-20)",
+            "s/step (steps 1-20)"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/completion_len_mean"], out_dir / "train_curves.png")]
     lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
