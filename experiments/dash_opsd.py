@@ -19,6 +19,7 @@ the loss (OPSD is reward-free); GRPO uses the binary correctness reward and ppo_
     PYTHONPATH=src python experiments/dash_opsd.py --check-teacher     # the warm start, student vs teacher view
     PYTHONPATH=src python experiments/dash_opsd.py --jobs 2            # grpo, opsd, dash, dash_inverted
     PYTHONPATH=src python experiments/dash_opsd.py --jobs 2 --all-arms # + scale-matched, fixed λ 0.5 / 0.9
+    PYTHONPATH=src python experiments/dash_opsd.py --more fixed_0.5    # + one of them
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def check_teacher() -> None:
 def main() -> None:
     def own(p):
         p.add_argument("--all-arms", action="store_true")
+        p.add_argument("--more", nargs="+", default=[], choices=list(MORE), help="add only these of the extra arms")
         p.add_argument("--check-teacher", action="store_true", help="only measure what the teacher knows")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
@@ -77,7 +79,7 @@ def main() -> None:
         check_teacher()
         return
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
-    arms = {k: [*COMMON, *v] for k, v in {**ARMS, **(MORE if args.all_arms else {})}.items()}
+    arms = {k: [*COMMON, *v] for k, v in {**ARMS, **{k: MORE[k] for k in (MORE if args.all_arms else args.more)}}.items()}
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
     rows = {}
     for arm, dirs in runs.items():
