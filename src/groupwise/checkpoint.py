@@ -172,7 +172,9 @@ def damage(path: Path) -> str | None:
     path = Path(path)
     manifest = (path / MANIFEST).exists()
     problem = _check_manifest(path) if manifest else None
+    adapter = (path / "model" / "adapter_config.json").is_file()  # a LoRA run saves its adapter, not the model
     for rel in REQUIRED:
+        rel = "model/adapter_config.json" if adapter and rel == "model/config.json" else rel
         if problem is None and not (path / rel).is_file():
             problem = f"{rel} is missing"
     if problem is None and not manifest:

@@ -1,4 +1,4 @@
-"""The command line: ``groupwise demo | train | eval | inspect | plot | compare | list | config``."""
+"""The command line: ``groupwise demo | train | eval | export | inspect | plot | compare | list | config``."""
 
 from __future__ import annotations
 
@@ -95,6 +95,23 @@ def _eval(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from groupwise.checkpoint import model_dir_damage
+    from groupwise.drivers.session import is_run_dir, latest_model_dir
+    from groupwise.log import StorageError
+    from groupwise.models.lora import export
+
+    target = Path(args.target)
+    model_dir = latest_model_dir(target) if is_run_dir(target) else target
+    if problem := model_dir_damage(model_dir):
+        raise StorageError(f"{problem}; cannot export {model_dir}")
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: not a run directory or a model directory")
+    for d in export(model_dir, args.out):
+        print(d)
+    return 0
+
+
 def _plot(args) -> int:
     from groupwise.plot import plot
 
@@ -169,6 +186,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--recipe", default=None, help="task/eval settings (default: the run's own config)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=_eval)
+    x = sub.add_parser("export", help="write a run's newest model for other tools (LoRA: the adapter and the "
+                                      "merged model)")
+    x.add_argument("target", help="a run directory, or a model / adapter directory")
+    x.add_argument("--out", required=True, help="directory to write adapter/ and merged/ (or model/) into")
+    x.set_defaults(fn=_export)
     pl = sub.add_parser("plot", help="PNG curves overlaying runs")
     pl.add_argument("runs", nargs="+")
     pl.add_argument("--out", default="curves.png")

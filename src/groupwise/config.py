@@ -91,6 +91,24 @@ def _device_ok(device: str) -> bool:
 
 # ----------------------------------------------------------------------------------------- the schema
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """Train a LoRA adapter (through ``peft``) instead of every weight: ``W + (alpha / r) B A``, B = 0 at the
+    start, so the adapted model equals its base at step 0. The base weights stay frozen and are shared with the
+    reference / frozen teacher (the adapter switched off), so no second copy of the model is kept."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """Module names (or name suffixes) to adapt; ``all-linear`` is every linear layer but the output head."""
+
+    def __post_init__(self) -> None:
+        _rules(self, ("r", lambda v: v >= 1, ">= 1"), ("alpha", lambda v: v > 0, "> 0"),
+               ("dropout", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+               ("target_modules", lambda v: len(v) >= 1, "a non-empty list of module names, or [all-linear]"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     path: str = "embedded:lab-tiny"
     """A local Hugging Face model directory, or ``embedded:<preset>`` (lab-tiny ~0.8M, lab-small ~4.8M)."""
@@ -103,6 +121,9 @@ class ModelConfig:
     warm_start_batch: int = 64
     chat_template: bool = True
     """Render prompts with the tokenizer's chat template (when it has one)."""
+    lora: LoraConfig | None = None
+    """Train a LoRA adapter instead of the full model (``pip install groupwise[lora]``); ``model.lora={}`` for
+    the defaults."""
 
     def __post_init__(self) -> None:
         _rules(self, ("device", _device_ok, "a torch device: cpu, cuda, cuda:<index>, mps, ..."),
@@ -581,6 +602,9 @@ def _coerce(value: Any, tp: Any, path: tuple[str, ...], lines: _Lines) -> Any:
 def _coerce_union(value: Any, args: tuple[Any, ...], tp: Any, path: tuple[str, ...], lines: _Lines) -> Any:
     if value is None and type(None) in args:
         return None
+    real = [a for a in args if a is not type(None)]
+    if len(real) == 1:  # ``X | None``: X's own error names the key and what is allowed
+        return _coerce(value, real[0], path, lines)
     for a in args:
         if a is type(None):
             continue

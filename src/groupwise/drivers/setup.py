@@ -25,6 +25,7 @@ from groupwise.config import RunConfig, loss_needs
 from groupwise.credit import Credit
 from groupwise.drivers.record import Recorder
 from groupwise.filter import Filter
+from groupwise.models import lora
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import load_model, load_pretrained
 from groupwise.registry import BuildEnv, Entry
@@ -180,14 +181,18 @@ def encode(problem: Problem, tokenizer, chat_template: bool = True) -> Tensor:
 
 def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress) -> tuple[Any, Any, Any]:
     """(policy, tokenizer, initial_policy()): the initial weights are kept (as a frozen copy, made on first
-    use) also when the policy is resumed from a checkpoint."""
-    first, tokenizer = load_model(cfg.model, task, progress)
+    use) also when the policy is resumed from a checkpoint; a LoRA policy's are its base (``lora.BaseView``)."""
+    first, tokenizer = load_model(cfg.model, task, progress, cfg.seed)
     policy = first
-    if checkpoint is not None:
+    if checkpoint is not None and cfg.model.lora is not None:
+        lora.load_weights(policy, checkpoint / "model")
+    elif checkpoint is not None:
         policy, tokenizer = load_pretrained(checkpoint / "model", cfg.model.dtype, cfg.model.device)
     frozen: list[torch.nn.Module] = []
 
     def initial_policy() -> torch.nn.Module:
+        if not frozen and cfg.model.lora is not None:  # the frozen base: the adapter switched off
+            frozen.append(lora.BaseView(policy))
         if not frozen:
             frozen.append((copy.deepcopy(first) if first is policy else first).eval().requires_grad_(False))
         return frozen[0]

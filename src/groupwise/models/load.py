@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from groupwise.config import ModelConfig
+from groupwise.models import lora
 from groupwise.registry import ConfigError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,6 +26,10 @@ def load_pretrained(path: str | Path, dtype: str = "float32", device: str = "cpu
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = Path(path)
+    if lora.is_adapter_dir(path):  # a LoRA adapter (a LoRA run's checkpoint): its base, with the adapter on
+        model, _ = load_pretrained(lora.base_path(path), dtype, device)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return prepare(lora.load_adapter_dir(model, path), tokenizer, dtype, device)
     if not (path / "config.json").exists():
         raise ConfigError(f"model.path: '{path}' is not a local Hugging Face model directory (no config.json); "
                           "use a local directory or embedded:lab-tiny / embedded:lab-small")
@@ -59,8 +64,16 @@ def prepare(model, tokenizer, dtype: str, device: str):
     return model, tokenizer
 
 
-def load_model(cfg: ModelConfig, task=None, progress=None):
-    """The policy and its tokenizer, as the run config asks (see module docstring)."""
+def load_model(cfg: ModelConfig, task=None, progress=None, seed: int = 0):
+    """The policy and its tokenizer, as the run config asks (see module docstring); with ``model.lora``, the
+    policy carries a fresh LoRA adapter (``lora.py``), unless ``model.path`` already is an adapter."""
+    model, tokenizer = _load_base(cfg, task, progress)
+    if cfg.lora is not None and not lora.is_lora(model):
+        model = lora.wrap(model, cfg.lora, seed)
+    return model, tokenizer
+
+
+def _load_base(cfg: ModelConfig, task, progress):
     check_device(cfg.device)
     if not cfg.path.startswith("embedded:"):
         return load_pretrained(cfg.path, cfg.dtype, cfg.device)
@@ -74,11 +87,15 @@ def load_model(cfg: ModelConfig, task=None, progress=None):
         from groupwise.models.warm_start import ensure_warm_start
 
         return load_pretrained(ensure_warm_start(preset, task, cfg, progress), cfg.dtype, cfg.device)
+    if cfg.lora is not None:
+        raise ConfigError(f"model.lora with {cfg.path} and no warm start: the adapter needs saved base weights to "
+                          "refer to; allowed: model.warm_start: true (with warm_start_steps > 0) or a model directory")
     tokenizer = tiny.build_tokenizer()
     return prepare(tiny.build_model(preset, tokenizer), tokenizer, cfg.dtype, cfg.device)
 
 
 def save_model(model, tokenizer, path: str | Path) -> None:
-    """Save in plain Hugging Face format (safetensors), loadable by transformers and vLLM."""
+    """Save in plain Hugging Face format (safetensors), loadable by transformers and vLLM (a LoRA policy saves
+    its adapter only; ``lora.export`` merges it)."""
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)

@@ -48,7 +48,9 @@ class HFGenerator:
         self.eos_ids = torch.tensor(sorted(e for e in eos if e is not None), dtype=torch.long)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         # transformers 5.x renamed the cache argument; 4.x only knows past_key_values
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        # (a peft LoRA policy forwards its keyword arguments to the base model: ask the base)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
     def sync_weights(self, model: torch.nn.Module) -> None:  # shares parameters with the trainer
         assert model is self.model

@@ -189,7 +189,7 @@ class EMATeacher(ModelTeacher):
 def load_teacher_model(cfg: ModelTeacherConfig, env) -> torch.nn.Module:
     from groupwise.models.load import load_model
 
-    model_cfg = dataclasses.replace(env.run.model, path=cfg.path)
+    model_cfg = dataclasses.replace(env.run.model, path=cfg.path, lora=None)  # the student's adapter is its own
     model, tokenizer = load_model(model_cfg, env.task)
     if tokenizer.get_vocab() != env.tokenizer.get_vocab():
         raise ValueError(f"teacher.path={cfg.path!r}: its tokenizer's vocabulary differs from the student's; "
