@@ -132,6 +132,29 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ToolsConfig:
+    """Multi-turn rollouts with a task's tool (``rollout/tools.py``): the model writes ``<tool>query</tool>``,
+    the tool's result is appended as ``<result>…</result>`` (masked out of the loss), and the model goes on."""
+
+    tool: str = "search"
+    """The task's tool (``task.tools[tool]``)."""
+    max_turns: int = 4
+    """Model turns per rollout (at most max_turns − 1 tool calls are run)."""
+    turn_tokens: int = 32
+    """New model tokens per turn (rollout.max_completion_tokens caps model and tool tokens together)."""
+    result_tokens: int = 64
+    """A tool result, tags included, is cut to this many tokens."""
+    timeout_s: float = 5.0
+    """Per turn: the turn's calls (run concurrently) must answer within this many seconds."""
+    workers: int = 8
+
+    def __post_init__(self) -> None:
+        _rules(self, ("max_turns", lambda v: v >= 1, ">= 1"), ("turn_tokens", lambda v: v >= 1, ">= 1"),
+               ("result_tokens", lambda v: v >= 1, ">= 1"), ("timeout_s", lambda v: v > 0, "> 0"),
+               ("workers", lambda v: v >= 1, ">= 1"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     generator: Spec = component("generator", "hf")
     builder: Spec = component("group builder", "standard")
@@ -143,6 +166,8 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
+    tools: ToolsConfig | None = None
+    """Multi-turn tool use for every rollout and eval sample (``rollout.tools={}``: the search tool)."""
 
     def __post_init__(self) -> None:
         _rules(self, ("prompts_per_step", lambda v: v >= 1, ">= 1"),

@@ -36,13 +36,15 @@ class Completion:
     """What a generator returns for one row: the sampled tokens and their log-probs.
 
     ``rollout_logprobs[t]`` is log p(completion_ids[t]) under the sampling distribution (logits / temperature,
-    before top-p truncation). ``forced`` marks tokens that were prefilled, not sampled.
+    before top-p truncation). ``forced`` marks tokens that were prefilled, not sampled (a forced prefix, a
+    tool's output). ``meta`` is copied into ``Sample.meta`` (e.g. a multi-turn rollout's turns and tool calls).
     """
 
     completion_ids: Tensor  # [T] long
     rollout_logprobs: Tensor  # [T] float
-    finish_reason: str  # "stop" (EOS or stop string) | "length"
+    finish_reason: str  # "stop" (EOS or stop string) | "length" | "turns" (a tool call in the last turn)
     forced: Tensor | None = None  # [T] bool
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -200,6 +200,16 @@ def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress) 
     return policy, tokenizer, initial_policy
 
 
+def _generator(cfg: RunConfig, env: BuildEnv) -> Generator:
+    """The run's generator; with ``rollout.tools``, inside the multi-turn tool loop (``rollout/tools.py``)."""
+    generator = catalog.build(cfg.rollout.generator, env)
+    if cfg.rollout.tools is None:
+        return generator
+    from groupwise.rollout import tools
+
+    return tools.wrap(generator, cfg.rollout.tools, env.task, env.tokenizer)
+
+
 def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Pipeline:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -229,7 +239,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Pipe
     resume_step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else None
     pipe = Pipeline(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
-        generator=CountingGenerator(catalog.build(cfg.rollout.generator, env)), builder=builder,
+        generator=CountingGenerator(_generator(cfg, env)), builder=builder,
         transforms=transforms, reward=RewardStage(task, terms, cfg.reward.verifier_timeout_s,
                                                       cfg.reward.term_timeout_s, cfg.reward.verifier_isolation), filter=filter_,
         advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],

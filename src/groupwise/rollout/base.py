@@ -119,4 +119,4 @@ def to_sample(prompt_ids: Tensor, c: Completion, tokenizer) -> Sample:
     forced = c.forced if c.forced is not None else torch.zeros_like(c.completion_ids, dtype=torch.bool)
     text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
     return Sample(prompt_ids=prompt_ids, completion_ids=c.completion_ids, rollout_logprobs=c.rollout_logprobs,
-                  loss_mask=~forced, finish_reason=c.finish_reason, text=text)
+                  loss_mask=~forced, finish_reason=c.finish_reason, text=text, meta=dict(c.meta))

@@ -1,0 +1,146 @@
+"""Multi-turn tool use (``rollout.tools``): a generator whose every completion alternates model turns and
+tool results. It wraps the run's generator, so training rollouts, transforms that regenerate and held-out
+eval all run the same episodes; builders and the loop are unchanged.
+
+For each request, all rows of a call in lockstep (one inner generator call per turn):
+
+1. the model generates until EOS, the turn's cap (``turn_tokens``) or the call's closing tag ``</tool>``
+   (added to the stop strings);
+2. a turn that ends in ``<tool>query</tool>`` calls the task's tool (``task.tools[tool]``) on ``query``; the
+   result, as ``<result>text</result>`` (cut to ``result_tokens`` tokens, the closing tag kept), is appended,
+   and the model continues from prompt + everything so far (one prefill per row and turn);
+3. the episode ends at EOS (``finish_reason`` ``stop``), at the row's token cap (``rollout.max_completion_tokens``
+   or the request's own, model and tool tokens together: ``length``), at a turn that ends neither in a call
+   nor in EOS (``length``), or at a call in the last allowed turn (``max_turns``; ``turns``: it is not run).
+
+The completion is the whole interleaving. Tool tokens are context, not actions: they are ``forced`` (so
+``loss_mask = False``) with ``rollout_logprobs = NaN``, so they carry no loss and no importance ratio. Model
+tokens keep the inner generator's sampling log-probs, and the training forward sees exactly the token ids
+the model saw (nothing is re-tokenised). A request's forced prefix (e.g. a think-mode token) is applied in
+the first turn.
+
+The calls of one turn run concurrently in threads (``workers``), all bounded by ``timeout_s`` from the start
+of the turn's calls: a call that raises reads ``<result>error: <Type></result>``, one that times out
+``<result>timeout</result>``, and the episode goes on (a hung call's thread is abandoned, never joined).
+Per sample ``meta``: ``turns``, ``tool_calls``, ``tool_errors``, ``tool_timeouts``, ``tool_tokens`` (the loop
+reports their per-rollout means as ``rollout/turns``, ``rollout/tool_calls``, ... and ``rollout/tool_token_frac``;
+``drivers/stats.py``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from groupwise.config import ToolsConfig
+from groupwise.registry import ConfigError
+from groupwise.rollout.base import Generator, Request, SamplingParams
+from groupwise.types import Completion
+
+
+@dataclasses.dataclass
+class _Episode:
+    request: Request
+    cap: int
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logps: list[float] = dataclasses.field(default_factory=list)
+    forced: list[bool] = dataclasses.field(default_factory=list)
+    reason: str = ""
+    meta: dict[str, int] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(("turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_tokens"), 0))
+
+    def add(self, ids: list[int], logps: list[float], forced: list[bool]) -> None:
+        self.ids, self.logps, self.forced = self.ids + ids, self.logps + logps, self.forced + forced
+
+    def completion(self) -> Completion:
+        return Completion(torch.tensor(self.ids, dtype=torch.long), torch.tensor(self.logps, dtype=torch.float),
+                          self.reason or "length", torch.tensor(self.forced, dtype=torch.bool), dict(self.meta))
+
+
+class ToolLoop:
+    """A ``Generator`` running multi-turn tool episodes over ``inner`` (see the module docstring)."""
+
+    def __init__(self, inner: Generator, tool: Callable[[str], str], tokenizer, cfg: ToolsConfig):
+        self.inner, self.tool, self.tokenizer, self.cfg = inner, tool, tokenizer, cfg
+        self.open, self.close = f"<{cfg.tool}>", f"</{cfg.tool}>"
+        self.end_ids = tokenizer.encode("</result>", add_special_tokens=False)
+
+    def sync_weights(self, model) -> None:
+        self.inner.sync_weights(model)
+
+    def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
+        eps = [_Episode(r, r.max_tokens if r.max_tokens is not None else params.max_tokens) for r in requests]
+        turn_params = dataclasses.replace(params, stop=(*params.stop, self.close))
+        for turn in range(self.cfg.max_turns):
+            live = [e for e in eps if not e.reason]
+            if not live:
+                break
+            reqs = [Request(torch.cat([e.request.prompt_ids, torch.tensor(e.ids, dtype=torch.long)]),
+                            e.request.prefix if turn == 0 else (),
+                            min(self.cfg.turn_tokens + (len(e.request.prefix) if turn == 0 else 0), e.cap - len(e.ids)))
+                    for e in live]
+            calls = [(e, q) for e, c in zip(live, self.inner.generate(reqs, turn_params, rng))
+                     if (q := self._model_turn(e, c, last=turn == self.cfg.max_turns - 1)) is not None]
+            for (e, _), result in zip(calls, self._run_tools([e for e, _ in calls], [q for _, q in calls])):
+                self._append_result(e, result)
+        return [e.completion() for e in eps]
+
+    def _model_turn(self, e: _Episode, c: Completion, last: bool) -> str | None:
+        """Record one model turn; return the tool query to run, or None when the episode ended."""
+        forced = c.forced.tolist() if c.forced is not None else [False] * int(c.completion_ids.numel())
+        e.add(c.completion_ids.tolist(), c.rollout_logprobs.tolist(), forced)
+        e.meta["turns"] += 1
+        text = self.tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
+        called = c.finish_reason == "stop" and text.endswith(self.close) and self.open in text
+        if not called:
+            e.reason = "length" if len(e.ids) >= e.cap else c.finish_reason
+        elif last:
+            e.reason = "turns"
+        elif len(e.ids) >= e.cap:
+            e.reason = "length"
+        return text.rsplit(self.open, 1)[1][:-len(self.close)] if called and not e.reason else None
+
+    def _append_result(self, e: _Episode, result: str) -> None:
+        ids = self.tokenizer.encode(f"<result>{result}</result>", add_special_tokens=False)
+        if len(ids) > self.cfg.result_tokens:  # cut the text, keep the closing tag
+            ids = ids[:max(self.cfg.result_tokens - len(self.end_ids), 0)] + self.end_ids
+        ids = ids[:e.cap - len(e.ids)]
+        e.add(ids, [math.nan] * len(ids), [True] * len(ids))
+        e.meta["tool_calls"] += 1
+        e.meta["tool_tokens"] += len(ids)
+        if len(e.ids) >= e.cap:
+            e.reason = "length"
+
+    def _run_tools(self, eps: list[_Episode], queries: list[str]) -> list[str]:
+        """The turn's calls, concurrently, bounded by ``timeout_s`` from the start (see the module docstring)."""
+        if not queries:
+            return []
+        pool = cf.ThreadPoolExecutor(max_workers=min(self.cfg.workers, len(queries)))
+        futures = [pool.submit(self.tool, q) for q in queries]
+        deadline = time.monotonic() + self.cfg.timeout_s
+        out = []
+        for e, f in zip(eps, futures):
+            try:
+                out.append(str(f.result(timeout=max(deadline - time.monotonic(), 0.0))))
+            except cf.TimeoutError:
+                out.append("timeout")
+                e.meta["tool_timeouts"] += 1
+            except Exception as err:  # noqa: BLE001  (a tool's failure is counted, never fatal)
+                out.append(f"error: {type(err).__name__}")
+                e.meta["tool_errors"] += 1
+        pool.shutdown(wait=False, cancel_futures=True)
+        return out
+
+
+def wrap(inner: Generator, cfg: ToolsConfig, task, tokenizer) -> ToolLoop:
+    tools = getattr(task, "tools", None) or {}
+    if cfg.tool not in tools:
+        have = f"tools {', '.join(sorted(tools))}" if tools else "no tools"
+        raise ConfigError(f"rollout.tools.tool={cfg.tool!r}: task '{getattr(task, 'name', '?')}' has {have}; "
+                          "allowed: a tool of the task (task.name=search has 'search')")
+    return ToolLoop(inner, tools[cfg.tool], tokenizer, cfg)

@@ -1,0 +1,140 @@
+"""Multi-turn tool episodes: tool output is appended and masked out of the loss, the model sees exactly the
+tokens it is trained on, caps / turns / timeouts / crashes end or continue episodes as documented."""
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+from groupwise.config import ToolsConfig, load
+from groupwise.drivers.setup import build
+from groupwise.drivers.stats import group_metrics
+from groupwise.models.tiny import build_tokenizer
+from groupwise.registry import ConfigError
+from groupwise.rollout.base import Request, SamplingParams, to_sample
+from groupwise.rollout.tools import ToolLoop
+from groupwise.types import Completion, Group, Problem
+
+TOK = build_tokenizer()
+
+
+class Scripted:
+    """Turn t of every row emits script[t] (or the row's own list), stopping like the HF generator would at a
+    stop string; records every request it is given."""
+
+    def __init__(self, script):
+        self.script, self.requests, self.turn = script, [], 0
+
+    def sync_weights(self, model):
+        pass
+
+    def generate(self, requests, params, rng):
+        self.requests.append(requests)
+        out = []
+        for i, r in enumerate(requests):
+            text = self.script[self.turn] if isinstance(self.script[self.turn], str) else self.script[self.turn][i]
+            ids = list(r.prefix) + TOK.encode(text, add_special_tokens=False)
+            eos = text.endswith("<eos>") or any(text.endswith(s) for s in params.stop)
+            cap = r.max_tokens if r.max_tokens is not None else params.max_tokens
+            reason = "stop" if eos and len(ids) <= cap else "length"
+            ids = ids[:cap]
+            forced = [True] * len(r.prefix) + [False] * (len(ids) - len(r.prefix))
+            out.append(Completion(torch.tensor(ids), torch.full((len(ids),), -0.5), reason, torch.tensor(forced)))
+        self.turn += 1
+        return out
+
+
+def loop(script, tool=lambda q: f"hit {q}", **kw):
+    inner = Scripted(script)
+    return ToolLoop(inner, tool, TOK, ToolsConfig(**kw)), inner
+
+
+PROMPT = torch.tensor(TOK.encode("city of Bada?\n", add_special_tokens=False))
+PARAMS = SamplingParams(max_tokens=200, temperature=1.0)
+
+
+def test_tool_results_are_appended_forced_and_fed_back_exactly():
+    tl, inner = loop(["<search>Bada lives</search>", "<answer>Gozom</answer><eos>"])
+    (c,) = tl.generate([Request(PROMPT)], PARAMS, torch.Generator())
+    call, result, answer = "<search>Bada lives</search>", "<result>hit Bada lives</result>", "<answer>Gozom</answer>"
+    ids = TOK.encode(call + result + answer + "<eos>", add_special_tokens=False)
+    assert c.completion_ids.tolist() == ids and c.finish_reason == "stop"
+    n_call, n_res = len(TOK.encode(call, add_special_tokens=False)), len(TOK.encode(result, add_special_tokens=False))
+    want_forced = [False] * n_call + [True] * n_res + [False] * (len(ids) - n_call - n_res)
+    assert c.forced.tolist() == want_forced
+    assert all(math.isnan(v) for v in c.rollout_logprobs[n_call:n_call + n_res].tolist())
+    assert not any(math.isnan(v) for v, f in zip(c.rollout_logprobs.tolist(), want_forced) if not f)
+    # turn 2 saw prompt + call + result, token for token, and the call's closing tag was a stop string
+    assert inner.requests[1][0].prompt_ids.tolist() == PROMPT.tolist() + ids[:n_call + n_res]
+    assert c.meta == {"turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0, "tool_tokens": n_res}
+    s = to_sample(PROMPT, c, TOK)
+    assert s.loss_mask.tolist() == [not f for f in want_forced] and s.meta["tool_calls"] == 1
+    assert s.text == call + result + answer
+
+
+def test_turn_cap_length_cap_and_result_cut():
+    tl, _ = loop(["<search>a</search>"] * 3, max_turns=3)  # the model never answers
+    (c,) = tl.generate([Request(PROMPT)], PARAMS, torch.Generator())
+    assert c.finish_reason == "turns" and c.meta["tool_calls"] == 2 and c.meta["turns"] == 3
+
+    tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=lambda q: "y" * 500, result_tokens=20)
+    (c,) = tl.generate([Request(PROMPT)], PARAMS, torch.Generator())
+    text = TOK.decode(c.completion_ids.tolist())
+    assert "<result>" + "y" * (20 - len("<result>") - len("</result>")) + "</result><answer>" in text
+
+    tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"])
+    (c,) = tl.generate([Request(PROMPT)], SamplingParams(max_tokens=25, temperature=1.0), torch.Generator())
+    assert c.finish_reason == "length" and c.completion_ids.numel() == 25  # model + tool tokens share the cap
+    assert c.meta["tool_calls"] == 1
+
+    tl, _ = loop(["no call and no eos"], turn_tokens=5)
+    (c,) = tl.generate([Request(PROMPT)], PARAMS, torch.Generator())
+    assert c.finish_reason == "length" and c.completion_ids.numel() == 5 and c.meta["tool_calls"] == 0
+
+
+def test_rows_in_lockstep_and_a_forced_prefix_in_the_first_turn():
+    tl, inner = loop([["<answer>1</answer><eos>", "<search>q</search>"], ["<answer>2</answer><eos>"]])
+    a, b = tl.generate([Request(PROMPT, prefix=(5,)), Request(PROMPT)], PARAMS, torch.Generator())
+    assert a.meta["turns"] == 1 and b.meta["turns"] == 2 and len(inner.requests[1]) == 1  # only b went on
+    assert a.completion_ids[0].item() == 5 and a.forced[0].item()
+
+
+def test_a_crashing_or_hanging_tool_is_counted_and_the_episode_goes_on():
+    def boom(q):
+        raise RuntimeError("index gone")
+    tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=boom)
+    (c,) = tl.generate([Request(PROMPT)], PARAMS, torch.Generator())
+    assert "<result>error: RuntimeError</result><answer>x</answer>" in TOK.decode(c.completion_ids.tolist())
+    assert c.meta["tool_errors"] == 1 and c.finish_reason == "stop"
+
+    release = threading.Event()
+    tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=lambda q: release.wait(30) and "late",
+                 timeout_s=0.2)
+    t0 = time.monotonic()
+    c1, c2 = tl.generate([Request(PROMPT), Request(PROMPT)], PARAMS, torch.Generator())
+    release.set()
+    assert time.monotonic() - t0 < 5, "a hung tool must not stall the rollout"
+    assert "<result>timeout</result>" in TOK.decode(c1.completion_ids.tolist())
+    assert c1.meta["tool_timeouts"] == 1 and c2.meta["tool_timeouts"] == 1  # one deadline for the turn's calls
+
+
+def test_tool_calls_of_a_turn_run_concurrently():
+    tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=lambda q: time.sleep(0.3) or "ok", workers=8)
+    t0 = time.monotonic()
+    tl.generate([Request(PROMPT)] * 8, PARAMS, torch.Generator())
+    assert time.monotonic() - t0 < 0.3 * 8 / 2
+
+
+def test_metrics_and_load_time_errors():
+    tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"])
+    cs = tl.generate([Request(PROMPT)] * 2, PARAMS, torch.Generator())
+    samples = [to_sample(PROMPT, c, TOK) for c in cs]
+    m = group_metrics([Group(problem=Problem("p", "q", "x"), samples=samples, step=1)])
+    assert m["rollout/tool_calls"] == 1.0 and m["rollout/turns"] == 2.0 and m["rollout/tool_errors"] == 0.0
+    assert m["rollout/tool_token_frac"] == pytest.approx(samples[0].meta["tool_tokens"] / samples[0].length)
+    with pytest.raises(ConfigError, match=r"rollout.tools.tool='search': task 'lab' has no tools; allowed"):
+        build(load(None, ["rollout.tools={}", "model.warm_start=false"]))
+    with pytest.raises(ConfigError, match=r"rollout.tools: timeout_s=0.0: allowed > 0"):
+        load(None, ["rollout.tools.timeout_s=0"])
