@@ -1,0 +1,109 @@
+"""Multi-turn tool use on the search task: does GRPO through the tool loop learn to search, and what does HDR's
+replay save in wall-clock per step when every search costs a tool round trip?
+
+Setting, fixed before the runs (recipes/search_lab.yaml): 1-2 hop questions about people of a procedural
+knowledge base, answerable only with the BM25 search tool (held-out questions are about held-out people);
+the warm start (600 SFT steps) is the reference episodes, half of them replaced by an immediate guess
+(``task.p_guess: 0.5``), the removable flaw. Checked before: with ``p_guess: 0`` the same warm start answers
+0.88 of held-out questions (mean@4) by searching, so the tool loop and the task can be learned by this model.
+16 prompts x 8 samples, up to 3 model turns of 32 tokens, 160 tokens in all, lr 1e-4, 80 steps, held-out
+eval every 20 steps on the 96 test questions (k = 4).
+
+  main      GRPO through the tool loop, 3 seeds: held-out mean@4 / greedy, and the share of rollouts that
+            search (rollout/tool_calls, training).
+  latency   seed 0, 6 steps, ``task.tool_latency_s = 0.05`` (a 50 ms round trip per search, 8 concurrent):
+            GRPO with 16 prompts, GRPO with 24 prompts (the larger fresh batch) and HDR (16 fresh + up to 8
+            replayed groups, recipes/hdr_lab.yaml's replay settings); wall-clock per step, searches per step.
+            The model is loaded from the main phase's warm-start directory (the latency knob is part of the
+            task config and would otherwise key a second warm start).
+
+    PYTHONPATH=src python experiments/search.py --jobs 1 [--phase main|latency|all] [--report-only]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+EXPERIMENT, RECIPE = "search", "recipes/search_lab.yaml"
+COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
+HDR = "replay={name: hdr, capacity: 64, replay_groups: 8, tau: 0.001}"
+LATENCY_S, LATENCY_STEPS = 0.05, 6
+LATENCY_ARMS = {"grpo16": [], "grpo24": ["rollout.prompts_per_step=24"], "hdr": [HDR]}
+
+
+def warm_start_dir() -> Path:
+    from groupwise import catalog
+    from groupwise.config import load
+    from groupwise.models.warm_start import ensure_warm_start
+    from groupwise.registry import BuildEnv
+
+    cfg = load(RECIPE)
+    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    return ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model)
+
+
+def main_phase(args) -> list[str]:
+    runs = harness.run_arms(EXPERIMENT, RECIPE, {"grpo": COMMON}, args)
+    dirs = runs["grpo"]
+    rows = {"warm start (step 0)": {k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in dirs])
+                                    for k in ("mean_at_k", "greedy_acc", "len_mean")},
+            "grpo": harness.eval_cells(dirs)}
+    for name, cells in rows.items():
+        head = name != "grpo"
+        get = harness.head_mean if head else harness.tail_mean
+        cells["searches/rollout"] = harness.agg([get(d, "rollout/tool_calls", 10) for d in dirs])
+        cells["train correct"] = harness.agg([get(d, "reward/correct_frac", 10) for d in dirs])
+    rows["warm start (step 0)"]["s/step"] = harness.agg([harness.head_mean(d, "perf/step_s", 10) for d in dirs])
+    rows["grpo"]["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10) for d in dirs])
+    cols = ["mean_at_k", "greedy_acc", "len_mean", "searches/rollout", "train correct", "s/step"]
+    plot = harness.plot_curves(runs, ["eval/mean_at_k", "rollout/tool_calls", "reward/correct_frac"],
+                               (Path(args.out) if args.out else harness.OUT / EXPERIMENT) / "curves.png")
+    return [f"## main: GRPO through the tool loop (seeds {args.seeds})\n\n", "Training columns: steps 1-10 for the "
+            "warm-start row, the last 10 steps for grpo.\n\n", harness.table(rows, cols),
+            "\nHeld-out mean@4 at every evaluation:\n\n", harness.eval_curve(runs), f"\n![curves]({plot.name})\n"]
+
+
+def latency_phase(args) -> list[str]:
+    extra = [*COMMON, f"model.path={warm_start_dir()}", f"task.tool_latency_s={LATENCY_S}",
+             f"trainer.steps={LATENCY_STEPS}", "eval.before=false", "eval.after=false", "eval.every=0"]
+    lat = argparse_like(args, seeds=[0])
+    runs = harness.run_arms(EXPERIMENT, RECIPE, {f"latency_{a}": [*extra, *ov] for a, ov in LATENCY_ARMS.items()}, lat)
+    rows = {}
+    for arm, (d,) in runs.items():
+        m = [r for r in harness.metrics(d) if "perf/step_s" in r]
+        rows[arm] = {"s/step": statistics.fmean(r["perf/step_s"] for r in m),
+                     "rollout s/step": statistics.fmean(r["perf/rollout_s"] for r in m),
+                     "searches/step": statistics.fmean(r["rollout/tool_calls"] * r["rollout/samples"] for r in m),
+                     "trained rows/step": statistics.fmean(r["rollout/samples"] + r.get("update/replay_rows", 0.0)
+                                                           for r in m)}
+    head = "| arm | " + " | ".join(next(iter(rows.values()))) + " |\n|---|" + "---|" * len(next(iter(rows.values())))
+    body = "".join(f"| {a} | " + " | ".join(f"{v:.2f}" for v in r.values()) + " |\n" for a, r in rows.items())
+    return [f"## latency: {LATENCY_S * 1000:.0f} ms per search, seed 0, {LATENCY_STEPS} steps (means over the steps)\n\n",
+            head + "\n" + body]
+
+
+def argparse_like(args, **changes):
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), **changes})
+
+
+def main() -> None:
+    args = harness.cli_args(__doc__.splitlines()[0],
+                            lambda p: p.add_argument("--phase", choices=("all", "main", "latency"), default="all"))
+    out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
+    lines = [f"# {EXPERIMENT}\n\nRecipe `{RECIPE}`.\n\n"]
+    if args.phase in ("all", "main"):
+        lines += main_phase(args)
+    if args.phase in ("all", "latency"):
+        lines += latency_phase(args)
+    harness.write_report(out_dir, lines, [])
+
+
+if __name__ == "__main__":
+    main()
