@@ -110,6 +110,12 @@ def test_adapter_saves_reloads_and_exports_merged(base_dir, tmp_path):
     torch.testing.assert_close(logprobs(plain, tok), want, rtol=1e-5, atol=1e-5)
 
 
+def test_export_of_a_full_model_is_a_copy(base_dir, tmp_path):
+    assert lora.export(base_dir, tmp_path / "out") == [tmp_path / "out" / "model"]
+    plain, tok = load_pretrained(tmp_path / "out" / "model")
+    torch.testing.assert_close(logprobs(plain, tok), logprobs(load_pretrained(base_dir)[0], tok), rtol=0, atol=0)
+
+
 def test_bad_settings_are_one_line_errors(base_dir, tmp_path, monkeypatch):
     base, _ = load_pretrained(base_dir)
     with pytest.raises(ConfigError, match=r"model.lora.target_modules=\['attn_c'\].*allowed: .*q_proj.*all-linear"):
