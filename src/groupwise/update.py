@@ -63,6 +63,51 @@ def plan_micro_batches(samples: list[Sample], token_budget: int) -> list[list[in
     return out
 
 
+def data_parallel() -> tuple[int, int]:
+    """(rank, world size) of the torch.distributed group this process is in; (0, 1) without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def shard_rows(rows: list[int], samples: list[Sample], rank: int, world: int) -> list[int]:
+    """This rank's share of ``rows``: sorted by length (prompt + completion), every ``world``-th, so the ranks'
+    token loads differ by at most one row's."""
+    order = sorted(rows, key=lambda i: (-(samples[i].prompt_ids.numel() + samples[i].completion_ids.numel()), i))
+    return sorted(order[rank::world])
+
+
+def all_reduce_grads(params: list[Tensor]) -> None:
+    """Sum the gradients over the ranks, in one flat buffer. Each rank's loss already uses the whole batch's
+    denominators, so the sum is the gradient of the whole batch, as one process would compute it."""
+    import torch.distributed as dist
+
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p in params:
+        n = p.grad.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        offset += n
+
+
+def gather_sums(sums: Sums, n_plan: float) -> tuple[Sums, float]:
+    """Every rank's metric sums (and micro-batch count) added together."""
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (sums.pairs, sums.losses, n_plan))
+    out = Sums()
+    for pairs, losses, _ in parts:
+        for k, (s, c) in pairs.items():
+            out.add(k, s, c)
+        for k, v in losses.items():
+            out.loss(k, v)
+    return out, float(sum(p[2] for p in parts))
+
+
 def pad_rows(rows: list[Tensor], width: int, fill: float) -> Tensor:
     out = torch.full((len(rows), width), fill, dtype=rows[0].dtype if rows else torch.float32)
     for i, r in enumerate(rows):
@@ -148,8 +193,10 @@ class Learner:
         o = self.settings.optim
         norm = Normalizer.from_masks(list(batch.completion_mask), float(self.settings.max_completion_tokens))
         active = self.active_rows(batch)
-        plan = [[active[j] for j in mb] for mb in
-                plan_micro_batches([batch.samples[i] for i in active], o.micro_batch_tokens)]
+        world = data_parallel()
+        mine = shard_rows(active, batch.samples, *world) if world[1] > 1 else active
+        plan = [[mine[j] for j in mb] for mb in
+                plan_micro_batches([batch.samples[i] for i in mine], o.micro_batch_tokens)]
         sums, first_old, teacher_cache = Sums(), {}, {}
         skipped = restored = 0.0
         self.policy.train()
@@ -160,12 +207,15 @@ class Learner:
             outcome = self.optimizer_step(sums)
             skipped, restored = skipped + (outcome != "stepped"), restored + (outcome == "restored")
         self.scheduler.step()
+        n_plan = float(len(plan))
+        if world[1] > 1:  # every rank's terms and passes, so the logged step is the whole batch's
+            sums, n_plan = gather_sums(sums, n_plan)
         out = sums.metrics(o.ppo_epochs)
-        out.update({"update/micro_batches": float(len(plan)), "update/skipped_rows": float(len(batch.samples) - len(active)),
+        out.update({"update/micro_batches": n_plan, "update/skipped_rows": float(len(batch.samples) - len(active)),
                     "update/nonfinite_skipped": skipped, "update/nonfinite_restored": restored,
                     "optim/lr": float(self.scheduler.get_last_lr()[0]),
-                    "update/loss_tokens": norm.tokens, "update/policy_forwards": float(len(plan) * o.ppo_epochs),
-                    "update/ref_forwards": float(len(plan) * o.ppo_epochs if "ref" in self.needs else 0)})
+                    "update/loss_tokens": norm.tokens, "update/policy_forwards": n_plan * o.ppo_epochs,
+                    "update/ref_forwards": n_plan * o.ppo_epochs if "ref" in self.needs else 0.0})
         return out
 
     def inputs(self, batch: TokenBatch, mb: list[int], first_old: dict[int, Tensor],
@@ -214,6 +264,8 @@ class Learner:
         for p in self.policy.parameters():  # a step with no trained rows is a zero-gradient step
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if data_parallel()[1] > 1:
+            all_reduce_grads([p for p in self.policy.parameters() if p.requires_grad])
         clip = self.settings.optim.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip if clip > 0 else float("inf"))
         outcome = "skipped"
