@@ -24,10 +24,14 @@ DEMO = {
 
 def _train(args) -> int:
     from groupwise.config import load
+    from groupwise.drivers import distributed
     from groupwise.drivers.trainer import train
 
     cfg = load(args.recipe, args.overrides)
-    train(cfg, resume=args.resume, overwrite=args.overwrite)
+    try:
+        train(cfg, resume=args.resume, overwrite=args.overwrite)
+    finally:
+        distributed.teardown()  # under torchrun: leave the process group cleanly
     return 0
 
 

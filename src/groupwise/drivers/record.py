@@ -85,14 +85,16 @@ def pick(seen: list[tuple[Group, list[Sample]]], rollouts: list[Group], tokens: 
 class Recorder:
     """Writes a bounded sample of each step's rollouts (``n_groups`` per kind; 0 records nothing)."""
 
-    def __init__(self, run_dir: str | Path, n_groups: int, tokenizer: Any, task: Any, resume_step: int | None = None,
-                 teacher: Any = None, policy_logprobs: Callable[[list[Sample]], list[Tensor]] | None = None):
-        self.path = Path(run_dir) / "rollouts.jsonl"
+    def __init__(self, run_dir: str | Path | None, n_groups: int, tokenizer: Any, task: Any,
+                 resume_step: int | None = None, teacher: Any = None,
+                 policy_logprobs: Callable[[list[Sample]], list[Tensor]] | None = None):
+        self.path = Path(run_dir) / "rollouts.jsonl" if run_dir is not None else None  # None: writes nothing
         self.n, self.tokenizer, self.task = n_groups, tokenizer, task
         self.teacher, self.policy_logprobs = teacher, policy_logprobs
         self._seen: list[tuple[Group, list[Sample]]] = []
-        self._fresh = resume_step is None  # a fresh run's first step replaces the file; building touches nothing
-        if resume_step is not None and self.path.exists():  # a torn last line is skipped, the rewrite is atomic
+        # a fresh run's first step replaces the file; building touches nothing
+        self._fresh = resume_step is None and self.path is not None
+        if resume_step is not None and self.path is not None and self.path.exists():  # torn last line skipped
             keep = [raw for raw, row in read_lines(self.path) if row.get("step", 0) <= resume_step]
             write_atomic(self.path, "".join(ln + "\n" for ln in keep))
 

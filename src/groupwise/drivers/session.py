@@ -42,15 +42,22 @@ changes the rest of the schedule."""
 
 
 class Session:
-    def __init__(self, cfg: RunConfig, resume: bool = False, overwrite: bool = False):
-        self.cfg, self.run_dir = cfg, cfg.run_dir
-        if not resume and (self.run_dir / "metrics.jsonl").exists() and not overwrite:
+    """``main=False`` (the other ranks of a multi-process run): nothing is written, the checkpoint to resume
+    from is only looked up (rank 0 has opened the directory and set damaged checkpoints aside first)."""
+
+    def __init__(self, cfg: RunConfig, resume: bool = False, overwrite: bool = False, main: bool = True):
+        self.cfg, self.run_dir, self.main = cfg, cfg.run_dir, main
+        if main and not resume and (self.run_dir / "metrics.jsonl").exists() and not overwrite:
             raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume to continue it or --overwrite")
-        self.progress = Progress(cfg.trainer.steps, 0, cfg.trainer.progress)
-        if resume:
+        self.progress = Progress(cfg.trainer.steps, 0, cfg.trainer.progress and main)
+        if not main:
+            self.progress.note = lambda message: None  # rank 0 says it
+        if resume and main:
             self._same_settings()
-        self._open_dir(fresh=overwrite and not resume)
-        self.checkpoint = self._find_checkpoint() if resume else None
+        if main:
+            self._open_dir(fresh=overwrite and not resume)
+        self.checkpoint = (self._find_checkpoint() if main else ckpt.newest_good(self.run_dir, lambda m: None)[0]) \
+            if resume else None
         self.progress.note(f"run {self.run_dir}" + (f" (resuming from {self.checkpoint.name})"
                                                     if self.checkpoint else ""))
         self.counters = {"gen_tokens_total": 0.0, "wall_s_total": 0.0}
@@ -109,8 +116,9 @@ class Session:
             pipeline.learner.scheduler.load_state_dict(state["scheduler"])
             for key, part in pipeline.stateful().items():
                 part.load_state_dict(state["components"][key])
-        self.logger = Logger(self.run_dir, self.cfg.trainer.sinks, to_dict(self.cfg),
-                             start if self.checkpoint else None, note=self.progress.note)
+        if self.main:
+            self.logger = Logger(self.run_dir, self.cfg.trainer.sinks, to_dict(self.cfg),
+                                 start if self.checkpoint else None, note=self.progress.note)
         self.progress.update(start, {})
         return start
 
@@ -120,11 +128,18 @@ class Session:
         self.counters["wall_s_total"] += metrics.get("perf/step_s", 0.0)
         metrics.update({"perf/gen_tokens_total": self.counters["gen_tokens_total"],
                         "perf/wall_s_total": self.counters["wall_s_total"]})
+        if not self.main:
+            return
         assert self.logger is not None, "restore() opens the logger"
         self.logger.log(step, metrics)
         self.progress.update(step, metrics)
 
     def save(self, pipeline: Any, step: int) -> None:
+        from groupwise.drivers.distributed import check_in_sync
+
+        check_in_sync(pipeline.policy, step)
+        if not self.main:  # every rank holds the same weights and state: rank 0 saves them
+            return
         learner = pipeline.learner
         state = {"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
                  "counters": dict(self.counters),
@@ -132,9 +147,11 @@ class Session:
         ckpt.save(self.run_dir, step, pipeline.policy, pipeline.tokenizer, state, self.cfg.trainer.keep_last)
 
     def save_final(self, pipeline: Any, step: int) -> None:
-        """Save ``step`` unless its checkpoint already exists (the last periodic save)."""
-        last = ckpt.latest(self.run_dir)
-        if last is None or last.name != f"step_{step:07d}":
+        """Save ``step`` unless its checkpoint already exists (the last periodic save); rank 0 decides."""
+        from groupwise.drivers.distributed import agree
+
+        last = ckpt.latest(self.run_dir) if self.main else None
+        if agree(self.main and (last is None or last.name != f"step_{step:07d}")):
             self.save(pipeline, step)
 
     @contextlib.contextmanager
@@ -171,7 +188,7 @@ class Session:
         self.progress.close()
         if self.logger is not None:
             self.logger.close()
-        if result is not None:
+        if result is not None and self.main:
             write_atomic(self.run_dir / "summary.json", json.dumps(result, indent=1))
 
 

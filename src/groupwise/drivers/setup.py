@@ -36,7 +36,7 @@ from groupwise.select import Selector
 from groupwise.tasks.base import Task, render_prompt, stable_seed
 from groupwise.teachers import Teacher, TeacherWant
 from groupwise.types import Problem, Sample, TeacherOutput
-from groupwise.update import Learner
+from groupwise.update import Learner, data_parallel
 
 
 class CountingGenerator:
@@ -145,9 +145,12 @@ class Pipeline:
         r = self.cfg.rollout
         counters: dict[str, itertools.count] = {}
 
+        rank, world = data_parallel()
+        ranked = (rank,) if world > 1 else ()  # several ranks: each draws its own rollouts
+
         def rng(stage: str) -> torch.Generator:  # (seed, step, stage, n-th use in this step)
             n = next(counters.setdefault(stage, itertools.count()))
-            return torch.Generator().manual_seed(stable_seed(self.cfg.seed, step, stage, n))
+            return torch.Generator().manual_seed(stable_seed(self.cfg.seed, step, stage, n, *ranked))
 
         return RolloutContext(
             generator=self.generator, tokenizer=self.tokenizer, task=self.task,
@@ -210,7 +213,8 @@ def _generator(cfg: RunConfig, env: BuildEnv) -> Generator:
     return tools.wrap(generator, cfg.rollout.tools, env.task, env.tokenizer)
 
 
-def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Pipeline:
+def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True) -> Pipeline:
+    """``io=False`` (the other ranks of a multi-process run): the rollout recorder writes nothing."""
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
@@ -244,7 +248,8 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None) -> Pipe
                                                       cfg.reward.term_timeout_s, cfg.reward.verifier_isolation), filter=filter_,
         advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
         replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
-        parts=parts, recorder=Recorder(cfg.run_dir, cfg.trainer.record_groups, tokenizer, task, resume_step, teacher))
+        parts=parts, recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer,
+                                       task, resume_step, teacher))
     # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*)
     pipe.recorder.policy_logprobs = pipe.policy_logprobs
     return pipe

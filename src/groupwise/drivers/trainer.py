@@ -17,6 +17,7 @@ import time
 import torch
 
 from groupwise.config import RunConfig
+from groupwise.drivers import distributed
 from groupwise.drivers.session import Session, latest_model_dir  # noqa: F401  (latest_model_dir: public API)
 from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.stats import advantage_metrics, group_metrics
@@ -33,12 +34,13 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     rollouts: list[Group] = []  # everything generated this step, refills included (for rollout metrics)
 
     def make(k: int) -> list[Group]:
-        groups = p.builder(p.selector.next(step, k, ctx), ctx)
+        groups = p.builder(distributed.shard(p.selector.next(step, k, ctx)), ctx)  # this rank's share (all: 1 rank)
         p.reward(groups, step)
         p.recorder.seen(groups)
         for spec, transform in zip(cfg.rollout.transforms, p.transforms):
             groups = transform(groups, ctx)
             require_scored(groups, f"group transform '{spec.name}'")
+        groups = distributed.gather(groups)
         rollouts.extend(groups)
         return groups
 
@@ -105,27 +107,37 @@ def run_eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, fl
 
 
 def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict[str, dict[str, float]]:
-    """Run (or resume) training; returns {"before": eval metrics, "after": eval metrics, "last": step metrics}."""
-    session = Session(cfg, resume, overwrite)
-    p = build(cfg, session.checkpoint, progress=session.progress.callback("warm start (SFT, cached)"))
+    """Run (or resume) training; returns {"before": eval metrics, "after": eval metrics, "last": step metrics}.
+    Under ``torchrun`` every rank runs this; rank 0 does the I/O and the evals (``distributed.py``)."""
+    cfg = distributed.setup(cfg)
+    main = distributed.is_main()
+    # rank 0 first: it opens the run directory, sets damaged checkpoints aside and builds any warm start (only
+    # rank 0 may write one: transformers saves nothing on other ranks), the others then find them in place
+    if not main:
+        distributed.barrier()
+    session = Session(cfg, resume, overwrite, main=main)
+    p = build(cfg, session.checkpoint, progress=session.progress.callback("warm start (SFT, cached)"), io=main)
+    if main:
+        distributed.barrier()
     step = session.restore(p)
     result: dict[str, dict[str, float]] = {}
-    if step == 0 and cfg.eval.before:
+    if step == 0 and cfg.eval.before and main:
         result["before"] = run_eval(p, 0, session, "step_0")
     with session.signals():
-        while step < cfg.trainer.steps and not session.stopping:
+        while step < cfg.trainer.steps and not distributed.agree(session.stopping):
             metrics = rl_step(p, step)
             step += 1
             session.record(step, metrics)
             result["last"] = metrics
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps and main:
                 run_eval(p, step, session, f"step_{step}")
             if cfg.trainer.save_every and step % cfg.trainer.save_every == 0:
                 session.save(p, step)
-    if session.stopping:
+    if distributed.agree(session.stopping):
         session.interrupted(p, step)
     session.save_final(p, step)
-    if cfg.eval.after:
+    if cfg.eval.after and main:
         result["after"] = run_eval(p, step, session, f"step_{step}")
     session.close(result)
+    distributed.barrier()
     return result
