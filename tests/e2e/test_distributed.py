@@ -36,4 +36,6 @@ def test_two_processes_train_one_run_and_resume(tmp_path):
     assert sum(r["update/loss_tokens"] > 0 and r["update/grad_norm"] > 0 for r in steps) >= 2
     assert (run / "checkpoints" / "step_0000004" / "model" / "model.safetensors").exists()
     assert "resuming from step_0000002" in resumed.stdout + resumed.stderr
+    kinds = [g["kind"] for x in (run / "rollouts.jsonl").read_text().splitlines() for g in json.loads(x)["groups"]]
+    assert kinds and "dropped" not in kinds, "no transform ran, so no sample was dropped (gathered groups match)"
     assert json.loads((run / "summary.json").read_text())["after"]["eval/mean_at_k"] >= 0.0

@@ -14,7 +14,8 @@ launch``): one run, its rollouts and its update split over the ranks.
   only read the checkpoint they resume from. A stop request (Ctrl-C / SIGTERM) on any rank stops all of them
   after the same step (``agree``).
 - Per-rank numbers: ``perf/*`` (generation counters and timings) and the reward stage's failure counts are
-  rank 0's own; the step's reward, rollout and update metrics cover the whole batch.
+  rank 0's own; the step's reward, rollout and update metrics cover the whole batch. The rollout records
+  (``rollouts.jsonl``) hold groups of every rank, the samples a transform dropped only for rank 0's share.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def gather(mine: list[Any]) -> list[Any]:
 
     parts: list[Any] = [None] * world
     dist.all_gather_object(parts, mine)
+    parts[rank] = mine  # this rank's own objects, not copies: the rollout recorder matches samples by identity
     return [parts[i % world][i // world] for i in range(sum(len(p) for p in parts))]
 
 
