@@ -101,9 +101,9 @@ def load_weights(model: torch.nn.Module, adapter_dir: str | Path) -> None:
     peft = require_peft()
     state = load_file(str(Path(adapter_dir) / ADAPTER_WEIGHTS), device=str(next(model.parameters()).device))
     result = peft.set_peft_model_state_dict(model, state)
-    missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-    if missing:
-        raise ConfigError(f"{adapter_dir}/{ADAPTER_WEIGHTS}: adapter weights {missing[:3]} do not fit this run's "
+    stray = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]  # saved, but no such layer here
+    if stray:
+        raise ConfigError(f"{adapter_dir}/{ADAPTER_WEIGHTS}: adapter weights {stray[:3]} do not fit this run's "
                           "model.lora settings")
 
 
