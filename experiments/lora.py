@@ -28,6 +28,18 @@ def checkpoint_bytes(run: Path) -> float:
     return float(sum(f.stat().st_size for f in model.glob("*.safetensors")))
 
 
+def trained_weights() -> str:
+    """Trained / all weights of the lab-tiny model with lora_lab.yaml's adapter."""
+    from groupwise.config import load
+    from groupwise.models import lora, tiny
+
+    model = tiny.build_model("lab-tiny", tiny.build_tokenizer())
+    total = sum(p.numel() for p in model.parameters())
+    adapted = lora.wrap(model, load("recipes/lora_lab.yaml").model.lora)
+    n = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    return f"LoRA trains {n:,} of the {total:,} weights ({n / total:.1%}).\n\n"
+
+
 def main() -> None:
     args = harness.cli_args(__doc__.splitlines()[0])
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
@@ -43,6 +55,7 @@ def main() -> None:
     plot = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/correct_frac"],
                                out_dir / "curves.png")
     lines = [f"# {EXPERIMENT}\n\nseeds {args.seeds}; held-out mean@4 (T = 1) and greedy on 128 problems.\n\n",
+             trained_weights(),
              harness.table(rows, [*KEYS, "weights MB", "s/step"]), "\nHeld-out mean@4 at every evaluation:\n\n",
              harness.eval_curve(runs)]
     harness.write_report(out_dir, lines, [plot])

@@ -30,6 +30,7 @@ import yaml
 
 from groupwise import checkpoint as ckpt
 from groupwise.config import RunConfig, diff, to_dict
+from groupwise.drivers.distributed import agree, check_in_sync
 from groupwise.log import Logger, Progress, StorageError, io_reason, to_stderr, write_atomic
 from groupwise.registry import ConfigError
 
@@ -52,12 +53,11 @@ class Session:
         self.progress = Progress(cfg.trainer.steps, 0, cfg.trainer.progress and main)
         if not main:
             self.progress.note = lambda message: None  # rank 0 says it
-        if resume and main:
-            self._same_settings()
         if main:
+            if resume:
+                self._same_settings()
             self._open_dir(fresh=overwrite and not resume)
-        self.checkpoint = (self._find_checkpoint() if main else ckpt.newest_good(self.run_dir, lambda m: None)[0]) \
-            if resume else None
+        self.checkpoint = self._find_checkpoint() if resume else None
         self.progress.note(f"run {self.run_dir}" + (f" (resuming from {self.checkpoint.name})"
                                                     if self.checkpoint else ""))
         self.counters = {"gen_tokens_total": 0.0, "wall_s_total": 0.0}
@@ -100,6 +100,8 @@ class Session:
         """The newest intact checkpoint; newer damaged ones (each named with its reason) are moved aside, so
         that new saves and ``keep_last`` never count them."""
         good, damaged = ckpt.newest_good(self.run_dir, self.progress.note)
+        if not self.main:  # rank 0 has named them and set them aside
+            return good
         moved = [ckpt.set_aside(p).name for p in damaged]
         if moved and good is not None:
             self.progress.note(f"resuming from {good.name}; moved the damaged checkpoint(s) aside to "
@@ -135,8 +137,6 @@ class Session:
         self.progress.update(step, metrics)
 
     def save(self, pipeline: Any, step: int) -> None:
-        from groupwise.drivers.distributed import check_in_sync
-
         check_in_sync(pipeline.policy, step)
         if not self.main:  # every rank holds the same weights and state: rank 0 saves them
             return
@@ -148,8 +148,6 @@ class Session:
 
     def save_final(self, pipeline: Any, step: int) -> None:
         """Save ``step`` unless its checkpoint already exists (the last periodic save); rank 0 decides."""
-        from groupwise.drivers.distributed import agree
-
         last = ckpt.latest(self.run_dir) if self.main else None
         if agree(self.main and (last is None or last.name != f"step_{step:07d}")):
             self.save(pipeline, step)

@@ -55,7 +55,9 @@ class _Episode:
         default_factory=lambda: dict.fromkeys(("turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_tokens"), 0))
 
     def add(self, ids: list[int], logps: list[float], forced: list[bool]) -> None:
-        self.ids, self.logps, self.forced = self.ids + ids, self.logps + logps, self.forced + forced
+        self.ids += ids
+        self.logps += logps
+        self.forced += forced
 
     def completion(self) -> Completion:
         return Completion(torch.tensor(self.ids, dtype=torch.long), torch.tensor(self.logps, dtype=torch.float),
