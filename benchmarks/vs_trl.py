@@ -191,10 +191,13 @@ def side_groupwise(spec: dict) -> dict:
                 lambda cfg, env: per_sample(lambda s, p: reward_value(env.task, p, s.text, "dense")))
     base = {
         "name": "vs_trl", "out_dir": spec["workdir"], "seed": spec["seed"],
-        "model": {"path": spec["model_dir"], "warm_start": False, "dtype": "float32"},
+        "model": {"path": spec["model_dir"], "warm_start": False, "dtype": spec.get("dtype", "float32"),
+                  "device": spec.get("device", "cpu")},
         "task": dict(TASK),
         "rollout": {"prompts_per_step": spec["prompts"], "group_size": spec["group"],
-                    "max_completion_tokens": spec["max_tokens"], "temperature": 1.0, "top_p": 1.0},
+                    "max_completion_tokens": spec["max_tokens"], "temperature": 1.0, "top_p": 1.0,
+                    # benchmarks/gpu_engines.py: a colocated vLLM engine on both sides
+                    "generator": {"name": "vllm", "gpu_memory_utilization": 0.3} if spec.get("vllm") else "hf"},
         "reward": {"terms": [{"name": reward}]},
         "advantage": {"name": "grpo"},
         "loss": {"terms": [{"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}],
@@ -255,8 +258,8 @@ def side_trl(spec: dict) -> dict:
     flat = [p for ps in problems for p in ps]
     tok = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32,
-                                                 local_files_only=True)
+    dtype, device = getattr(torch, spec.get("dtype", "float32")), spec.get("device", "cpu")
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=dtype, local_files_only=True).to(device)
     messages = [[{"role": "user", "content": p.prompt}] for p in flat]
     prompt_len = [len(tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
                                  add_special_tokens=False)) for m in messages]
@@ -308,8 +311,10 @@ def side_trl(spec: dict) -> dict:
         learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
         beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2, num_iterations=1,
-        temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
-        bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True, save_strategy="no",
+        temperature=1.0, top_p=1.0, top_k=0, use_vllm=bool(spec.get("vllm")),
+        **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if spec.get("vllm") else {}),
+        bf16=spec.get("dtype") == "bfloat16", fp16=False, gradient_checkpointing=False,
+        use_cpu=spec.get("device", "cpu") == "cpu", save_strategy="no",
         report_to="none", logging_steps=max(spec["steps"], 1), disable_tqdm=True, dataloader_num_workers=0,
     )
     t0 = time.perf_counter()

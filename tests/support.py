@@ -41,3 +41,19 @@ def rows(samples: list[Sample], advantages: list[torch.Tensor], problems: list[P
     problems = problems or [Problem(f"p{i}", "q", "0") for i in range(b)]
     return TokenBatch(samples, problems, torch.arange(b), torch.zeros(b, dtype=torch.bool), ids, mask, adv, w)
 
+
+
+def vllm_lane_recipes() -> list:
+    """The recipes the vLLM lane trains through the vLLM generator (tests/vllm_lane/test_vllm_methods.py): those on the
+    embedded lab-tiny architecture (one shared engine serves them all), without Ray workers (those run the hf
+    generator in their actors; vllm is refused there)."""
+    from pathlib import Path
+
+    import yaml
+
+    def in_scope(recipe: Path) -> bool:
+        raw = yaml.safe_load(recipe.read_text()) or {}
+        path = (raw.get("model") or {}).get("path", "embedded:lab-tiny")
+        return path == "embedded:lab-tiny" and not (raw.get("rollout") or {}).get("workers")
+
+    return [p for p in sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml")) if in_scope(p)]

@@ -39,3 +39,30 @@ def registry(kind: str) -> Registry[Any]:
 def build(spec: Any, env: Any = None) -> Any:
     """A config ``Spec`` -> the bound component (``Entry.build``), the one way every component is made."""
     return registry(spec.kind).get(spec.name).build(spec.cfg, env)
+
+
+WORKER_KINDS = ("generator", "group builder", "reward")
+"""The kinds a Ray rollout worker builds and runs (``drivers/workers.py``); every other kind runs in the driver."""
+
+
+def worker_refusal(entry: Any) -> str:
+    """Why ``entry`` may not run inside a Ray rollout worker ("" when it may): state kept there would be lost with
+    the worker and never checkpointed, metrics from it would never reach the step's."""
+    if entry.kind not in WORKER_KINDS:
+        return ""
+    if entry.stateful:
+        return "keeps checkpointed state"
+    if entry.reports:
+        return "reports metrics from its own state"
+    return "must run in the training process (driver_only)" if entry.driver_only else ""
+
+
+def support(entry: Any) -> dict[str, str]:
+    """One member's row of the support matrix (docs/methods.md): ``yes``, ``driver`` (runs in the training
+    process, whatever the engine) or ``no: <reason>`` (refused at load), for the vLLM generator and for Ray
+    rollout workers. With vLLM every stage but the generator is unchanged: they reach generation only through the
+    ``Generator`` interface, which the vLLM lane runs every lab recipe through (tests/vllm_lane/test_vllm_methods.py)."""
+    vllm = "yes" if entry.kind != "generator" or entry.name == "vllm" else "—"
+    why = worker_refusal(entry)
+    ray = f"no: {why}" if why else "yes" if entry.kind in WORKER_KINDS else "driver"
+    return {"vllm": vllm, "ray": ray}

@@ -168,8 +168,20 @@ class RolloutConfig:
     stop: tuple[str, ...] = ()
     tools: ToolsConfig | None = None
     """Multi-turn tool use for every rollout and eval sample (``rollout.tools={}``: the search tool)."""
+    shards: int = 1
+    """Rollout shards per step: the step's problems are dealt round-robin (shard i gets problems i, i + shards,
+    ...), and each shard is built and scored with its index in every rollout seed, so the samples depend on
+    ``shards`` and never on ``workers`` or on which worker ran a shard. 1: one shard, the seeds of a run
+    without this field; ``shards = prompts_per_step``: per-group seeding (every group its own streams)."""
+    workers: int = 0
+    """Ray actors that build and score the shards (``pip install 'groupwise[ray]'``, ``drivers/workers.py``);
+    0: the shards run one after another in this process. At most ``shards``."""
 
     def __post_init__(self) -> None:
+        _rules(self, ("shards", lambda v: v >= 1, ">= 1"), ("workers", lambda v: v >= 0, ">= 0 (0: in-process)"))
+        if self.workers > self.shards:
+            raise ValueError(f"workers={self.workers}: allowed 0 or at most rollout.shards ({self.shards}): each "
+                             "worker builds whole shards")
         _rules(self, ("prompts_per_step", lambda v: v >= 1, ">= 1"),
                ("group_size", lambda v: v >= 2,
                 ">= 2 (a group-relative advantage gives a group of one no signal)"),
@@ -501,6 +513,27 @@ def _check(cfg: RunConfig) -> None:
                               "ema | model")
         if "teacher_topk" in needs and not getattr(cfg.teacher.cfg, "top_k", 0):
             raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs the teacher's top-k support; set teacher.top_k")
+    if cfg.rollout.workers:
+        _check_workers(cfg)
+
+
+def _check_workers(cfg: RunConfig) -> None:
+    """``rollout.workers`` needs ray, and every component that runs in a worker (generator, builder, reward
+    terms) must keep no state there: a ``stateful``, ``reports`` or ``driver_only`` member is refused."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"rollout.workers={cfg.rollout.workers} needs ray, which is not installed: "
+                          "pip install 'groupwise[ray]'") from None
+    slots = [("rollout.generator", cfg.rollout.generator), ("rollout.builder", cfg.rollout.builder),
+             *((f"reward.terms.{i}", t) for i, t in enumerate(cfg.reward.terms))]
+    from groupwise.catalog import worker_refusal
+
+    for where, spec in slots:
+        why = worker_refusal(registry(spec.kind).get(spec.name))
+        if why:
+            raise ConfigError(f"{where}: {spec.kind} '{spec.name}' {why}, which would live in a Ray worker; "
+                              "allowed with rollout.workers: 0 (its shards then run in this process)")
 
 
 def _check_out_dir(cfg: RunConfig, lines: _Lines) -> None:

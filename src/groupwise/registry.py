@@ -11,9 +11,10 @@ it. Every member of one registry has the same form, and there are two forms, dec
 ``Entry.build(cfg, env)`` is the one way every member of every kind is built; the result satisfies the
 kind's Protocol (``Registry.protocol``). Optional abilities are declared when a member is registered, never
 probed: ``stateful`` (``state_dict()`` / ``load_state_dict()``, checkpointed), ``reports`` (``metrics() ->
-dict[str, float]``, merged into each step's metrics), and for loss terms ``needs`` (inputs the update must
-compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the
-update may skip such rows). Unknown names fail with the valid names and the closest match.
+dict[str, float]``, merged into each step's metrics), ``driver_only`` (it must run in the training process:
+never in a Ray rollout worker), and for loss terms ``needs`` (inputs the update must compute, e.g. ``"ref"``,
+``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
+rows). Unknown names fail with the valid names and the closest match.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ class Entry(Generic[T]):
     advantage_only: bool = False
     label: Callable[[Any], str] | None = None
     """``label(cfg)`` names the member's metrics (reward terms); default: the registered name."""
+    driver_only: bool = False
+    """It must run in the training process, never in a Ray rollout worker (``rollout.workers``): it keeps state
+    across calls that is neither checkpointed nor sent to a worker (the ``fake`` generator's row counter), or
+    needs the driver's objects. ``stateful`` and ``reports`` members are refused there too: a worker's state
+    would be lost with it and its metrics never reach the step's."""
 
     @property
     def origin(self) -> str:
@@ -115,7 +121,7 @@ class Registry(Generic[T]):
 
     def register(self, name: str, config: type = NoConfig, *, stateful: bool = False, reports: bool = False,
                  needs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (), advantage_only: bool = False,
-                 label: Callable[[Any], str] | None = None) -> Callable[[T], T]:
+                 label: Callable[[Any], str] | None = None, driver_only: bool = False) -> Callable[[T], T]:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"{self.kind} '{name}': config must be a dataclass, got {config!r}")
         bad = [] if callable(needs) else [n for n in needs if n not in NEEDS]
@@ -128,7 +134,8 @@ class Registry(Generic[T]):
                                  f"({self._entries[name].origin} and {getattr(obj, '__module__', '?')})")
             _check_params(self, name, obj)
             self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports,
-                                        needs if callable(needs) else tuple(needs), advantage_only, label)
+                                        needs if callable(needs) else tuple(needs), advantage_only, label,
+                                        driver_only)
             return obj
 
         return deco

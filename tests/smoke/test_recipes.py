@@ -25,6 +25,8 @@ def test_recipe_trains_two_steps(recipe, tmp_path, monkeypatch):
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path.parent.parent / "groupwise-cache"))
     monkeypatch.chdir(ROOT)  # recipes name example files relative to the repository root
     cfg = load(recipe, [*SMOKE, f"out_dir={tmp_path}"])
+    if cfg.rollout.generator.name == "vllm":  # its own lane (its own virtual environment): tests/vllm_lane
+        pytest.importorskip("vllm")
     if cfg.rollout.group_size > 8:  # keep smoke runs small, but never below what a recipe's method needs
         cfg = load(recipe, [*SMOKE, f"out_dir={tmp_path}", "rollout.group_size=8"])
     result = train(cfg)

@@ -37,9 +37,10 @@ from groupwise.registry import ConfigError
 CONFIG = "resolved_config.yaml"
 SECTIONS = ("task", "model", "rollout", "reward", "eval")  # what ``groupwise eval RUN`` reads from it
 RESUMABLE = ("trainer.steps", "trainer.save_every", "trainer.keep_last", "trainer.progress", "trainer.sinks",
-             "trainer.threads", "trainer.record_groups", "eval.", "out_dir", "name")
+             "trainer.threads", "trainer.record_groups", "eval.", "out_dir", "name", "rollout.workers")
 """Keys a resumed run may change (prefixes); with a cosine or linear schedule, ``trainer.steps`` also
-changes the rest of the schedule."""
+changes the rest of the schedule. ``rollout.workers`` changes no sample (``drivers/workers.py``); ``rollout.shards``
+does, so it stays."""
 
 
 class Session:

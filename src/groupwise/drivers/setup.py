@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,9 @@ from groupwise import catalog
 from groupwise.advantages import Advantage, AdvantageTransform
 from groupwise.config import RunConfig, loss_needs
 from groupwise.credit import Credit
+from groupwise.drivers import workers
 from groupwise.drivers.record import Recorder
+from groupwise.drivers.workers import ShardRunner
 from groupwise.filter import Filter
 from groupwise.models import lora
 from groupwise.models.forward import completion_logprobs, pack
@@ -31,7 +32,15 @@ from groupwise.models.load import load_model, load_pretrained
 from groupwise.registry import BuildEnv, Entry
 from groupwise.replay import Buffer
 from groupwise.rewards.stage import RewardStage, bind_terms
-from groupwise.rollout.base import Generator, GroupBuilder, GroupTransform, RolloutContext, SamplingParams
+from groupwise.rollout.base import (
+    Generator,
+    GroupBuilder,
+    GroupTransform,
+    RolloutContext,
+    SamplingParams,
+    close,
+    release,
+)
 from groupwise.select import Selector
 from groupwise.tasks.base import Task, render_prompt, stable_seed
 from groupwise.teachers import Teacher, TeacherWant
@@ -60,6 +69,13 @@ class CountingGenerator:
 
     def sync_weights(self, model) -> None:
         self.inner.sync_weights(model)
+
+    def release(self) -> None:
+        release(self.inner)
+
+    def close(self) -> None:
+        close(self.inner)
+
 
 
 class CountingTeacher:
@@ -119,6 +135,7 @@ class Pipeline:
     learner: Learner
     parts: list[Part]
     recorder: Recorder
+    shards: ShardRunner | None = None  # builds and scores the step's rollout shards (``drivers/workers.py``)
 
     def encode(self, problem: Problem) -> Tensor:
         return encode(problem, self.tokenizer, self.cfg.model.chat_template)
@@ -141,15 +158,19 @@ class Pipeline:
         self.policy.train(was)
         return out
 
-    def context(self, step: int) -> RolloutContext:
+    def context(self, step: int, shard: int | None = None, draws: dict | None = None) -> RolloutContext:
+        """The step's context. ``ctx.rng(stage)`` seeds from (seed, step, stage, n-th draw of that stage this
+        step, then the rank with several ranks and the ``shard`` index with several shards); ``draws`` holds
+        the per-(stage, shard) counts, shared by every context of a step, so refills continue the streams and a
+        shard built in a Ray worker continues from where the driver's count stands."""
         r = self.cfg.rollout
-        counters: dict[str, itertools.count] = {}
-
+        draws = {} if draws is None else draws
         rank, world = data_parallel()
-        ranked = (rank,) if world > 1 else ()  # several ranks: each draws its own rollouts
+        ranked = ((rank,) if world > 1 else ()) + ((shard,) if shard is not None else ())
 
-        def rng(stage: str) -> torch.Generator:  # (seed, step, stage, n-th use in this step)
-            n = next(counters.setdefault(stage, itertools.count()))
+        def rng(stage: str) -> torch.Generator:
+            n = draws.get((stage, shard), 0)
+            draws[(stage, shard)] = n + 1
             return torch.Generator().manual_seed(stable_seed(self.cfg.seed, step, stage, n, *ranked))
 
         return RolloutContext(
@@ -172,6 +193,8 @@ class Pipeline:
             if p.entry.reports:
                 out.update(p.obj.metrics())
         out.update(self.reward.metrics())
+        if self.shards is not None:
+            out.update(self.shards.metrics())
         if self.teacher is not None:
             out.update(self.teacher.metrics())
         return out
@@ -213,8 +236,10 @@ def _generator(cfg: RunConfig, env: BuildEnv) -> Generator:
     return tools.wrap(generator, cfg.rollout.tools, env.task, env.tokenizer)
 
 
-def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True) -> Pipeline:
-    """``io=False`` (the other ranks of a multi-process run): the rollout recorder writes nothing."""
+def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True,
+          worker: bool = False) -> Pipeline:
+    """``io=False`` (the other ranks of a multi-process run): the rollout recorder writes nothing. ``worker``
+    (inside a Ray rollout worker): no teacher, no reference model, and its shards run in that process."""
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
@@ -234,7 +259,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     terms = bind_terms(cfg.reward.terms, env)
     parts += [Part(f"reward{i}/{t.entry.name}", t.term, t.entry) for i, t in enumerate(terms)]
     filter_, buffer = make("filter", cfg.filter), make("buffer", cfg.replay)
-    needs = loss_needs(cfg)
+    needs = loss_needs(cfg) if not worker else set()  # a worker only builds and scores rollouts
     # like the reference model, a teacher exists only when an active loss term reads it
     teacher = make("teacher", cfg.teacher) if needs & {"teacher", "teacher_topk", "teacher_vocab"} else None
     counted = CountingTeacher(teacher) if teacher is not None else None
@@ -252,4 +277,5 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
                                        task, resume_step, teacher))
     # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*)
     pipe.recorder.policy_logprobs = pipe.policy_logprobs
+    pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe)
     return pipe

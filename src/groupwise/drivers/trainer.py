@@ -29,13 +29,14 @@ from groupwise.types import Group, ScoredBatch, TokenBatch
 def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     """One RL step through every stage; returns its metrics."""
     cfg, t0 = p.cfg, time.perf_counter()
-    ctx = p.context(step)
+    draws: dict = {}  # per (stage, shard): the step's seed counters, shared with the shards (refills continue them)
+    ctx = p.context(step, draws=draws)
     p.generator.reset()  # counts every token generated this step, discarded samples included
     rollouts: list[Group] = []  # everything generated this step, refills included (for rollout metrics)
 
     def make(k: int) -> list[Group]:
-        groups = p.builder(distributed.shard(p.selector.next(step, k, ctx)), ctx)  # this rank's share (all: 1 rank)
-        p.reward(groups, step)
+        problems = distributed.shard(p.selector.next(step, k, ctx))  # this rank's share (all: 1 rank)
+        groups = p.shards(problems, step, draws)  # built and scored, in rollout.shards, here or in Ray workers
         p.recorder.seen(groups)
         for spec, transform in zip(cfg.rollout.transforms, p.transforms):
             groups = transform(groups, ctx)
@@ -57,10 +58,12 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     for credit in p.credit:
         tokens = credit(tokens)
 
+    p.generator.release()  # the rollout stage is over (an engine may free its memory for the update)
     t1 = time.perf_counter()
     if tokens.samples:
         metrics.update(p.learner.step(tokens))
         p.generator.sync_weights(p.policy)
+        p.shards.sync_weights(p.policy)
     p.replay.add(groups, adv, step)
     if p.teacher is not None:
         p.teacher.on_step(step, p.policy)
@@ -136,8 +139,10 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
     if distributed.agree(session.stopping):
         session.interrupted(p, step)
     session.save_final(p, step)
+    p.shards.close()  # Ray workers (if any) stop here: the eval below runs in this process
     if cfg.eval.after and main:
         result["after"] = run_eval(p, step, session, f"step_{step}")
     session.close(result)
+    p.generator.close()  # an engine (vLLM) shuts down here, not whenever it is garbage-collected
     distributed.barrier()
     return result

@@ -134,6 +134,25 @@ class BaseView(torch.nn.Module):
         return self
 
 
+@torch.no_grad()
+def merged_weights(model: torch.nn.Module, merge: bool = True) -> dict[str, torch.Tensor]:
+    """The adapted policy as plain checkpoint weights (the base's names, each LoRA layer's ``scale·B·A`` added to
+    its base weight; ``merge=False``: the base alone), for engines that hold full weights (vLLM); the policy
+    itself is left untouched (no ``merge_adapter`` / ``unmerge_adapter`` round trip, which would round the base
+    weights)."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    out = {k: v for k, v in base.state_dict().items() if "lora_" not in k}
+    for name, module in base.named_modules():
+        if merge and isinstance(module, LoraLayer) and not module.merged:
+            key = f"{name}.base_layer.weight"
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    out[key] = out[key] + module.get_delta_weight(adapter)
+    return {k.replace(".base_layer.", "."): v for k, v in out.items()}
+
+
 def export(model_dir: str | Path, out: str | Path, dtype: str = "float32") -> list[Path]:
     """Write a trained model where other tools read it: for an adapter, ``out/adapter`` (as saved) and
     ``out/merged`` (the base with the adapter merged in, a plain transformers model); for a full model,

@@ -153,6 +153,18 @@ class RewardStage:
     def metrics(self) -> dict[str, float]:
         return {f"reward/{t.label}_errors": self._errors.get(t.label, 0.0) for t in self.terms}
 
+    def take_errors(self) -> dict[str, float]:
+        """This step's failure counts so far, by term label, cleared (a rollout worker sends them per shard)."""
+        out, self._errors = self._errors, {}
+        return out
+
+    def add_errors(self, step: int, errors: dict[str, float]) -> None:
+        """Add failure counts a rollout worker's reward stage took (``drivers/workers.py``) to this step's."""
+        if step != self._step:
+            self._step, self._errors = step, {}
+        for label, n in errors.items():
+            self._errors[label] = self._errors.get(label, 0.0) + n
+
 
 def verdict(v: Any) -> bool:
     """A verifier's answer as a bool; anything but True / False (or 0 / 1) is a broken verifier, not a verdict

@@ -39,12 +39,26 @@ class Generator(Protocol):
     of the returned tokens under the sampling distribution (logits / temperature, before top-p); for
     temperature 0 they are the temperature-1 log-probs. Identical prompts may share one prefill.
     ``sync_weights`` is called after every optimizer step (a no-op when the generator shares the
-    training model's parameters, as the ``hf`` backend does).
+    training model's parameters, as the ``hf`` backend does). Two optional methods, for engines that hold
+    memory or processes (``vllm``): ``release()``, called when a step's rollout stage ends (free memory for
+    the update; the next ``generate`` takes it back), and ``close()``, called once when the run ends.
     """
 
     def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]: ...
 
     def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+
+def release(generator) -> None:
+    """Tell a generator the rollout stage is over (its optional ``release``; see ``Generator``)."""
+    if hasattr(generator, "release"):
+        generator.release()
+
+
+def close(generator) -> None:
+    """Shut a generator down at the end of a run (its optional ``close``; see ``Generator``)."""
+    if hasattr(generator, "close"):
+        generator.close()
 
 
 @runtime_checkable

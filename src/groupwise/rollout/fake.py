@@ -50,6 +50,6 @@ class FakeGenerator:
         return out
 
 
-@GENERATORS.register("fake", config=FakeConfig)
+@GENERATORS.register("fake", config=FakeConfig, driver_only=True)  # its row counter is per process
 def fake(cfg: FakeConfig, env) -> FakeGenerator:
     return FakeGenerator(cfg, env.tokenizer)

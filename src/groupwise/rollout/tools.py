@@ -39,7 +39,7 @@ import torch
 
 from groupwise.config import ToolsConfig
 from groupwise.registry import ConfigError
-from groupwise.rollout.base import Generator, Request, SamplingParams
+from groupwise.rollout.base import Generator, Request, SamplingParams, close, release
 from groupwise.types import Completion
 
 
@@ -69,15 +69,21 @@ class ToolLoop:
 
     def __init__(self, inner: Generator, tool: Callable[[str], str], tokenizer, cfg: ToolsConfig):
         self.inner, self.tool, self.tokenizer, self.cfg = inner, tool, tokenizer, cfg
-        self.open, self.close = f"<{cfg.tool}>", f"</{cfg.tool}>"
+        self.open_tag, self.close_tag = f"<{cfg.tool}>", f"</{cfg.tool}>"
         self.end_ids = tokenizer.encode("</result>", add_special_tokens=False)
 
     def sync_weights(self, model) -> None:
         self.inner.sync_weights(model)
 
+    def release(self) -> None:
+        release(self.inner)
+
+    def close(self) -> None:
+        close(self.inner)
+
     def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
         eps = [_Episode(r, r.max_tokens if r.max_tokens is not None else params.max_tokens) for r in requests]
-        turn_params = dataclasses.replace(params, stop=(*params.stop, self.close))
+        turn_params = dataclasses.replace(params, stop=(*params.stop, self.close_tag))
         for turn in range(self.cfg.max_turns):
             live = [e for e in eps if not e.reason]
             if not live:
@@ -98,14 +104,14 @@ class ToolLoop:
         e.add(c.completion_ids.tolist(), c.rollout_logprobs.tolist(), forced)
         e.meta["turns"] += 1
         text = self.tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
-        called = c.finish_reason == "stop" and text.endswith(self.close) and self.open in text
+        called = c.finish_reason == "stop" and text.endswith(self.close_tag) and self.open_tag in text
         if not called:
             e.reason = "length" if len(e.ids) >= e.cap else c.finish_reason
         elif last:
             e.reason = "turns"
         elif len(e.ids) >= e.cap:
             e.reason = "length"
-        return text.rsplit(self.open, 1)[1][:-len(self.close)] if called and not e.reason else None
+        return text.rsplit(self.open_tag, 1)[1][:-len(self.close_tag)] if called and not e.reason else None
 
     def _append_result(self, e: _Episode, result: str) -> None:
         ids = self.tokenizer.encode(f"<result>{result}</result>", add_special_tokens=False)

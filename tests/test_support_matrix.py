@@ -1,0 +1,65 @@
+"""The support matrix in docs/methods.md is the registry's: every built-in member has a row saying what
+``catalog.support`` says, every "no" is a one-line error at load, and every member that runs with vLLM is trained
+through the vLLM generator by the vLLM lane (tests/vllm_lane/test_vllm_methods.py), so none is silently unsupported."""
+
+import re
+from pathlib import Path
+
+import pytest
+from support import vllm_lane_recipes
+
+from groupwise.catalog import KINDS, support
+from groupwise.config import load
+from groupwise.registry import ConfigError
+
+ROOT = Path(__file__).parents[1]
+BUILTIN = [e for reg in KINDS.values() for e in reg.entries() if e.origin.startswith("groupwise.")]
+
+
+def matrix() -> dict[tuple[str, str], dict[str, str]]:
+    text = (ROOT / "docs" / "methods.md").read_text()
+    section = text.split("## Support matrix", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] not in ("kind", "") and not set(cells[0]) <= {"-", ":"}:
+            rows[(cells[0], cells[1])] = {"vllm": cells[2], "ray": cells[3]}
+    return rows
+
+
+def test_every_member_has_its_row():
+    rows = matrix()
+    assert set(rows) == {(e.kind, e.name) for e in BUILTIN}
+    for e in BUILTIN:
+        assert rows[(e.kind, e.name)] == support(e), f"{e.kind} '{e.name}'"
+
+
+def test_every_refusal_is_a_load_time_error():
+    """Each recipe with Ray workers either loads or names the first member the matrix refuses."""
+    pytest.importorskip("ray")
+    refused = {e.name: support(e)["ray"] for e in BUILTIN if support(e)["ray"].startswith("no")}
+    seen = set()
+    for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
+        cfg = load(recipe)
+        workers = [s for s in cfg.specs() if s.kind in ("generator", "group builder", "reward")]
+        bad = [s for s in workers if s.name in refused]
+        try:
+            load(recipe, ["rollout.shards=1", "rollout.workers=1"])
+        except ConfigError as e:
+            assert bad and f"'{bad[0].name}'" in str(e) and "\n" not in str(e), (recipe.name, str(e))
+            seen.add(bad[0].name)
+        else:
+            assert not bad, f"{recipe.name}: {bad[0].name} is refused in the matrix but loads with workers"
+    assert seen, "no recipe exercises a refusal"
+
+
+def test_every_member_that_runs_with_vllm_is_in_the_vllm_lane():
+    covered: dict[str, set[str]] = {}
+    for recipe in vllm_lane_recipes():
+        for s in load(recipe).specs():
+            covered.setdefault(s.kind, set()).add(s.name)
+    missing = [f"{e.kind} '{e.name}'" for e in BUILTIN
+               if support(e)["vllm"] == "yes" and e.name not in covered.get(e.kind, set()) and e.name != "vllm"]
+    assert not missing, f"not trained through vLLM by any lane recipe: {missing}"
+    assert re.search(r"generator\s*=\s*vllm|\"rollout.generator=vllm\"", (ROOT / "tests/vllm_lane/test_vllm_methods.py")
+                     .read_text())

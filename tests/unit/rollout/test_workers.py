@@ -1,0 +1,164 @@
+"""Rollout shards and Ray rollout workers (``drivers/workers.py``): one shard keeps today's seeds; at the same
+``rollout.shards`` the samples and metrics are bit-identical in this process and on 1 or 2 Ray workers, over
+steps with weight syncs; a worker killed mid-shard is restarted, its shard rerun, the event counted; a resumed
+run with workers equals a resumed run without; components that cannot run in a worker are refused."""
+
+import sys
+import textwrap
+
+import pytest
+
+from groupwise.config import load
+from groupwise.drivers import workers
+from groupwise.drivers.setup import build
+from groupwise.drivers.trainer import rl_step, train
+from groupwise.drivers.workers import deal, interleave
+from groupwise.registry import ConfigError
+from groupwise.tasks.base import stable_seed
+
+ARGS = ["model.warm_start=false", "trainer.threads=1", "trainer.record_groups=0", "rollout.prompts_per_step=4",
+        "rollout.group_size=4", "rollout.max_completion_tokens=12", "optim.lr=1e-2",
+        "reward.terms=[{name: length_penalty, max_length: 12}]"]  # lengths vary: every step moves the weights
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """One Ray instance for the module (None without ray); its actors start while the in-process runs go on,
+    and every run takes them over (a fresh actor costs a process start and the torch imports)."""
+    try:
+        import ray
+    except ImportError:
+        yield None
+        return
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    workers.prestart(2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture()
+def ray_session(pool):
+    if pool is None:
+        pytest.skip("ray is not installed (pip install 'groupwise[ray]')")
+    return pool
+
+
+def run(tmp_path, *overrides: str, steps: int = STEPS):
+    """Steps of a fresh pipeline: (each step's groups as the filter saw them, each step's metrics, seeds)."""
+    p = build(load(None, [*ARGS, f"out_dir={tmp_path}", *overrides]), io=False)
+    seen: list = []
+    inner = p.filter
+    p.filter = lambda groups, n, make: (seen.append(groups), inner(groups, n, make))[1]
+    seeds: list[int] = []
+    generate = p.generator.inner.generate
+    p.generator.inner.generate = lambda reqs, params, rng: (seeds.append(rng.initial_seed()),
+                                                             generate(reqs, params, rng))[1]
+    try:
+        metrics = [rl_step(p, s) for s in range(steps)]
+    finally:
+        p.shards.close()
+    return seen, metrics, seeds
+
+
+def samples(seen) -> list:
+    return [(g.problem.id, s.completion_ids.tolist(), s.rollout_logprobs.numpy().tobytes(), s.reward)
+            for groups in seen for g in groups for s in g.samples]
+
+
+def comparable(metrics: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Everything but wall-clock timings and the worker-only restart count."""
+    return [{k: v for k, v in m.items() if not k.startswith("perf/") or k in ("perf/gen_tokens", "perf/prompt_tokens")}
+            for m in ({k: v for k, v in m.items() if k != "rollout/worker_restarts"} for m in metrics)]
+
+
+@pytest.fixture(scope="module")
+def in_process(pool, tmp_path_factory):
+    return run(tmp_path_factory.mktemp("ref"), "rollout.shards=2")
+
+
+def test_one_shard_keeps_todays_seeds(in_process, tmp_path):
+    _, metrics, seeds = run(tmp_path, steps=1)
+    assert seeds == [stable_seed(0, 0, "rollout", 0)], "one shard: no shard index, the seeds of a run before shards"
+    assert in_process[2] == [stable_seed(0, s, "rollout", 0, i) for s in range(STEPS) for i in range(2)]
+    assert "rollout/worker_restarts" not in metrics[0], "in-process runs log what they logged before"
+
+
+def test_deal_and_interleave_are_inverse():
+    items = list(range(7))
+    assert deal(items, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert interleave(deal(items, 3)) == items and interleave(deal(items, 1)) == items
+
+
+@pytest.mark.parametrize("workers", [2, 1])  # 2 first: both actors start at once
+def test_workers_equal_in_process(ray_session, in_process, tmp_path, workers):
+    seen, metrics, _ = run(tmp_path, "rollout.shards=2", f"rollout.workers={workers}")
+    ref_seen, ref_metrics, _ = in_process
+    assert sum(m["update/grad_norm"] > 0 for m in ref_metrics[:-1]) >= 1, "the weights moved: a sync was needed"
+    assert samples(seen) == samples(ref_seen)
+    assert comparable(metrics) == comparable(ref_metrics)
+    assert [m["rollout/worker_restarts"] for m in metrics] == [0.0] * STEPS
+
+
+DIE_ONCE = '''
+import dataclasses, os
+from pathlib import Path
+from groupwise.rollout import BUILDERS
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DieOnceConfig:
+    marker: str = ""
+    step: int = 1
+
+@BUILDERS.register("die_once", config=DieOnceConfig)
+def die_once(cfg, env):
+    def build(problems, ctx):  # the standard builder, except that its process dies once, mid-shard
+        if ctx.step == cfg.step and not Path(cfg.marker).exists():
+            Path(cfg.marker).touch()
+            os._exit(1)
+        return ctx.sample_groups(problems)
+    return build
+'''
+
+
+def test_killed_worker_is_restarted_and_its_shard_retried(ray_session, in_process, tmp_path):
+    plugin = tmp_path / "die_once.py"
+    plugin.write_text(textwrap.dedent(DIE_ONCE))
+    seen, metrics, _ = run(tmp_path, "rollout.shards=2", "rollout.workers=2", f"plugins=[{plugin}]",
+                           f"rollout.builder={{name: die_once, marker: {tmp_path / 'died'}}}")
+    assert (tmp_path / "died").exists(), "a worker died mid-shard"
+    assert [m["rollout/worker_restarts"] for m in metrics] == [0.0, 1.0, 0.0]
+    assert samples(seen) == samples(in_process[0]), "the retried shard drew what the undisturbed run drew"
+    assert comparable(metrics) == comparable(in_process[1])
+
+
+def test_resume_with_workers_equals_resume_in_process(ray_session, tmp_path):
+    common = [*ARGS, "rollout.shards=2", "trainer.save_every=1", "trainer.progress=false", "trainer.sinks=[jsonl]",
+              "eval.before=false", "eval.after=false"]
+    train(load(None, [*common, f"out_dir={tmp_path}/a", "trainer.steps=1"]))
+    train(load(None, [*common, f"out_dir={tmp_path}/b", "trainer.steps=1"]))
+    a = train(load(None, [*common, f"out_dir={tmp_path}/a", "trainer.steps=2"]), resume=True)["last"]
+    b = train(load(None, [*common, f"out_dir={tmp_path}/b", "trainer.steps=2", "rollout.workers=2"]),
+              resume=True)["last"]
+    assert comparable([b]) == comparable([a]) and a["update/grad_norm"] > 0
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["rollout.workers=3", "rollout.shards=2"], "workers=3: allowed 0 or at most rollout.shards (2)"),
+    (["rollout.workers=1", "reward.terms=[acoer]"], "reward.terms.0: reward 'acoer' keeps checkpointed state"),
+    (["rollout.workers=1", "reward.terms=[{name: python, function: math:floor}]"], "reports metrics"),
+    (["rollout.workers=1", "task.modes=true", "rollout.builder=think_modes"], "rollout.builder: group builder 'think_modes' reports"),
+    (["rollout.workers=1", "rollout.generator=fake"], "rollout.generator: generator 'fake' must run in the training process"),
+])
+def test_what_cannot_run_in_a_worker_is_refused_at_load(overrides, message):
+    pytest.importorskip("ray")
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_ray_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ConfigError, match=r"rollout.workers=1 needs ray, which is not installed: "
+                                          r"pip install 'groupwise\[ray\]'$"):
+        load(None, ["rollout.workers=1"])
