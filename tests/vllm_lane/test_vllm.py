@@ -20,7 +20,8 @@ from groupwise.rollout.hf import HFConfig, HFGenerator  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-RUN = ["rollout.generator=vllm", "rollout.generator.enforce_eager=true", "trainer.threads=2", "rollout.max_completion_tokens=24"]
+RUN = ["rollout.generator=vllm", "rollout.generator.enforce_eager=true", "trainer.threads=2",
+       "rollout.max_completion_tokens=24"]
 TOL = 2e-4  # |log p_engine - log p_trainer| per token, fp32 (measured max ~2e-5 on the lab model)
 
 

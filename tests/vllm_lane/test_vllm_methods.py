@@ -27,7 +27,8 @@ ROOT = Path(__file__).parents[2]
 SMOKE = ["trainer.steps=2", "trainer.save_every=2", "trainer.threads=2", "trainer.progress=false",
          "trainer.sinks=[jsonl]", "rollout.prompts_per_step=2", "rollout.max_completion_tokens=24",
          "model.warm_start_steps=15", "eval.n_problems=4", "eval.k=1", "eval.before=false", "eval.every=0",
-         "rollout.generator=vllm", "rollout.generator.enforce_eager=true"]
+         "rollout.generator=vllm", "rollout.generator.enforce_eager=true",
+         "rollout.generator.lora_sync=merged"]  # the shared engine has no LoRA layers (adapter sync: test_vllm.py)
 
 
 RECIPES = vllm_lane_recipes()

@@ -77,7 +77,6 @@ class CountingGenerator:
         close(self.inner)
 
 
-
 class CountingTeacher:
     """Wraps a Teacher and counts its passes per step: ``teacher/forwards``, ``rows``, ``tokens``, ``seconds``."""
 

@@ -187,10 +187,10 @@ class VLLMGenerator:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         vllm = require_vllm()
         kv_gb = cfg.kv_cache_gb or (1.0 if device == "cpu" else 0.0)
-        kwargs = dict(model=str(model_files(self.model, self.tokenizer, self.workdir / "engine")), load_format="dummy",
-                      dtype=dtype, logprobs_mode=mode_for_logprobs, enforce_eager=cfg.enforce_eager,
-                      gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.sleep, seed=0,
-                      disable_log_stats=True)
+        files = model_files(self.model, self.tokenizer, self.workdir / "engine")
+        kwargs = dict(model=str(files), load_format="dummy", dtype=dtype, logprobs_mode=mode_for_logprobs,
+                      enforce_eager=cfg.enforce_eager, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                      enable_sleep_mode=cfg.sleep, seed=0, disable_log_stats=True)
         if kv_gb:
             kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
         if self.adapter:
