@@ -51,6 +51,12 @@ def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
 
 
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a LoRA policy's adapter (its config, forward signature); ``model`` itself
+    otherwise."""
+    return model.get_base_model() if is_lora(model) else model
+
+
 def wrap(model: torch.nn.Module, cfg: LoraConfig, seed: int = 0) -> torch.nn.Module:
     """``model`` with a fresh LoRA adapter (B = 0: the same function as ``model``; A drawn from ``seed``, not
     from the global RNG, so a run and its resume are reproducible)."""
@@ -144,12 +150,12 @@ def merged_weights(model: torch.nn.Module, merge: bool = True) -> dict[str, torc
 
     base = model.get_base_model()
     out = {k: v for k, v in base.state_dict().items() if "lora_" not in k}
-    for name, module in base.named_modules():
-        if merge and isinstance(module, LoraLayer) and not module.merged:
-            key = f"{name}.base_layer.weight"
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    out[key] = out[key] + module.get_delta_weight(adapter)
+    layers = [(n, m) for n, m in base.named_modules() if isinstance(m, LoraLayer) and not m.merged] if merge else []
+    for name, module in layers:
+        key = f"{name}.base_layer.weight"
+        for adapter in module.active_adapters:
+            if adapter in module.lora_A:
+                out[key] = out[key] + module.get_delta_weight(adapter)
     return {k.replace(".base_layer.", "."): v for k, v in out.items()}
 
 

@@ -10,6 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from groupwise.models.lora import base_model
 from groupwise.types import Completion, Group, Problem, Sample
 
 
@@ -47,6 +48,15 @@ class Generator(Protocol):
     def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]: ...
 
     def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+
+def eos_ids(model: torch.nn.Module, tokenizer) -> list[int]:
+    """The ids that end a completion: the tokenizer's EOS and every EOS of the model's generation config, those
+    inside the model's vocabulary (an id past it can never be sampled)."""
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = {tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])}
+    vocab = getattr(getattr(base_model(model), "config", None), "vocab_size", None)
+    return sorted(e for e in eos if e is not None and (vocab is None or e < vocab))
 
 
 def release(generator) -> None:

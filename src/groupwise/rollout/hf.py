@@ -14,8 +14,9 @@ import inspect
 import torch
 from torch import Tensor
 
+from groupwise.models import lora
 from groupwise.rollout import GENERATORS
-from groupwise.rollout.base import Request, SamplingParams
+from groupwise.rollout.base import Request, SamplingParams, eos_ids
 from groupwise.types import Completion
 
 
@@ -42,14 +43,11 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
 class HFGenerator:
     def __init__(self, cfg: HFConfig, model: torch.nn.Module, tokenizer):
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
-        eos = {tokenizer.eos_token_id}
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
-        self.eos_ids = torch.tensor(sorted(e for e in eos if e is not None), dtype=torch.long)
+        self.eos_ids = torch.tensor(eos_ids(model, tokenizer), dtype=torch.long)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         # transformers 5.x renamed the cache argument; 4.x only knows past_key_values
         # (a peft LoRA policy forwards its keyword arguments to the base model: ask the base)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = lora.base_model(model)
         self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
     def sync_weights(self, model: torch.nn.Module) -> None:  # shares parameters with the trainer

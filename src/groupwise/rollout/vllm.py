@@ -55,7 +55,7 @@ import torch
 from groupwise.models import lora
 from groupwise.registry import ConfigError
 from groupwise.rollout import GENERATORS
-from groupwise.rollout.base import Request, SamplingParams
+from groupwise.rollout.base import Request, SamplingParams, eos_ids
 from groupwise.types import Completion
 
 MODES = ("colocate", "server")
@@ -140,7 +140,7 @@ def model_files(model: torch.nn.Module, tokenizer, out: Path) -> Path:
     """Write the policy's config, generation config and tokenizer, no weights, into ``out``: the colocated
     engine starts from them with ``load_format=dummy`` and is given the weights before it first generates; in
     server mode they sit beside the weights the server reloads."""
-    base = model.get_base_model() if lora.is_lora(model) else model
+    base = lora.base_model(model)
     out.mkdir(parents=True, exist_ok=True)
     base.config.save_pretrained(out)
     if getattr(base, "generation_config", None) is not None:
@@ -167,10 +167,7 @@ class VLLMGenerator:
         self.stale, self.asleep, self.version = True, False, 0
         self.adapter = cfg.mode == "colocate" and cfg.lora_sync == "adapter" and lora.is_lora(model)
         self.lora_request, self.base_pushed = None, False
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos = {tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])}
-        vocab = (model.get_base_model() if lora.is_lora(model) else model).config.vocab_size
-        self.eos_ids = sorted(e for e in eos if e is not None and e < vocab)  # others can never be sampled
+        self.eos_ids = eos_ids(model, tokenizer)
         self.workdir = workdir
         if cfg.mode == "server":
             self.engine = None
