@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm
 
 RUN = ["rollout.generator=vllm", "rollout.generator.enforce_eager=true", "trainer.threads=2",
        "rollout.max_completion_tokens=24"]
-TOL = 2e-4  # |log p_engine - log p_trainer| per token, fp32 (measured max ~2e-5 on the lab model)
+TOL = 2e-4  # |log p_engine - log p_trainer| per token, fp32 (a stated bound, not a measured maximum)
 
 
 @pytest.fixture(scope="module")
