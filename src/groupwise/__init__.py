@@ -49,7 +49,7 @@ def train(recipe: str | Path | Mapping[str, Any] | RunConfig | None = None, over
           reward_weights: Sequence[float] | None = None) -> dict[str, dict[str, float]]:
     """Train (or ``resume``) a run from a recipe path, a config dict or a ``RunConfig``, plus overrides."""
     from groupwise.config import RunConfig
-    from groupwise.drivers.trainer import train as run
+    from groupwise.drivers import run
 
     if isinstance(recipe, RunConfig):
         if overrides or reward_funcs:

@@ -12,6 +12,7 @@ from typing import Any
 from groupwise import (
     advantages,
     credit,
+    drivers,
     filter,
     losses,
     plugins,
@@ -27,7 +28,7 @@ from groupwise.registry import Registry
 KINDS: dict[str, Registry[Any]] = {r.kind: r for r in (
     tasks.TASKS, select.SELECTORS, rollout.GENERATORS, rollout.BUILDERS, rollout.TRANSFORMS, rewards.REWARDS,
     filter.FILTERS, replay.BUFFERS, advantages.ADVANTAGES, advantages.ADVANTAGE_TRANSFORMS, credit.CREDIT,
-    teachers.TEACHERS, losses.LOSSES)}
+    teachers.TEACHERS, losses.LOSSES, drivers.DRIVERS)}
 """kind -> registry, in pipeline order."""
 
 
@@ -62,7 +63,16 @@ def support(entry: Any) -> dict[str, str]:
     process, whatever the engine) or ``no: <reason>`` (refused at load), for the vLLM generator and for Ray
     rollout workers. With vLLM every stage but the generator is unchanged: they reach generation only through the
     ``Generator`` interface, which the vLLM lane runs every lab recipe through (tests/vllm_lane/test_vllm_methods.py)."""
+    if entry.kind == "driver":  # a driver lists what it refuses on its config class (and its check() refuses it)
+        refused = getattr(entry.config, "REFUSES", {})
+        return {k: f"no: {refused[k]}" if k in refused else "yes" for k in ("vllm", "ray")}
     vllm = "yes" if entry.kind != "generator" or entry.name == "vllm" else "—"
     why = worker_refusal(entry)
     ray = f"no: {why}" if why else "yes" if entry.kind in WORKER_KINDS else "driver"
     return {"vllm": vllm, "ray": ray}
+
+
+def refusal(cfg: Any, engine: str) -> str:
+    """The one-line load error for a driver that refuses ``engine`` (``vllm`` / ``ray``), or ""."""
+    why = getattr(type(cfg.driver.cfg), "REFUSES", {}).get(engine, "")
+    return f"driver '{cfg.driver.name}' does not run with {engine}: {why}" if why else ""

@@ -23,13 +23,13 @@ DEMO = {
 
 
 def _train(args) -> int:
+    from groupwise import drivers
     from groupwise.config import load
     from groupwise.drivers import distributed
-    from groupwise.drivers.trainer import train
 
     cfg = load(args.recipe, args.overrides)
     try:
-        train(cfg, resume=args.resume, overwrite=args.overwrite)
+        drivers.run(cfg, resume=args.resume, overwrite=args.overwrite)
     finally:
         distributed.teardown()  # under torchrun: leave the process group cleanly
     return 0

@@ -311,6 +311,9 @@ class RunConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    driver: Spec = component("driver", "single")
+    """How policies are arranged around the RL step (``drivers/__init__.py``): ``single`` (one policy), or a
+    multi-policy / federated driver, which builds every policy's pipeline from the sections above."""
 
     def __post_init__(self) -> None:
         _rules(self, ("name", lambda v: bool(v) and v not in (".", "..") and not re.search(r"[/\\\0]", v),
@@ -326,7 +329,7 @@ class RunConfig:
         """Every selected component, in pipeline order."""
         out = [self.task, self.select, self.rollout.generator, self.rollout.builder, *self.rollout.transforms,
                *self.reward.terms, self.filter, self.replay, self.advantage, *self.advantage_transforms,
-               *self.credit, self.teacher, *self.loss.terms]
+               *self.credit, self.teacher, *self.loss.terms, self.driver]
         return out
 
 
@@ -513,6 +516,12 @@ def _check(cfg: RunConfig) -> None:
                               "ema | model")
         if "teacher_topk" in needs and not getattr(cfg.teacher.cfg, "top_k", 0):
             raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs the teacher's top-k support; set teacher.top_k")
+    from groupwise.catalog import refusal
+
+    for engine, on in (("vllm", cfg.rollout.generator.name == "vllm"), ("ray", cfg.rollout.workers > 0)):
+        why = refusal(cfg, engine) if on else ""
+        if why:
+            raise ConfigError(f"driver: {why}")
     if cfg.rollout.workers:
         _check_workers(cfg)
 

@@ -1,2 +1,44 @@
-"""Drivers: the loops that call the stages. ``trainer.train`` is the single-policy loop; multi-policy and
-federated drivers reuse ``setup.build`` and ``trainer.rl_step``."""
+"""Drivers: how policies are arranged around the one RL step (``trainer.rl_step``).
+
+  DRIVERS  ``fn(run, cfg) -> dict``: ``run`` is a ``DriverRun`` (the resolved ``RunConfig``, ``resume``,
+           ``overwrite``), ``cfg`` the driver's own config; it returns the run's result (eval metrics by tag).
+
+``single`` (the default, ``trainer.train``) is one policy; a multi-policy driver (two competing players) or a
+federated one (a server and its clients) builds a pipeline per policy with ``setup.build`` and calls
+``rl_step`` on each: the stages and the loop stay the same. A recipe selects one with ``driver: <name>``; the
+rest of the recipe configures every policy's pipeline. The infrastructure modules (``setup``, ``trainer``,
+``session``, ``distributed``, ``workers``, ``record``, ``stats``) live here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, runtime_checkable
+
+from groupwise.registry import Registry, import_members
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverRun:
+    """What every driver is given: the resolved recipe (``RunConfig``) and how to treat its run directory."""
+
+    cfg: Any
+    resume: bool = False
+    overwrite: bool = False
+
+
+@runtime_checkable
+class Driver(Protocol):
+    def __call__(self, run: DriverRun) -> dict[str, Any]: ...
+
+
+DRIVERS = Registry("driver", Driver, "function", ("run", "cfg"))
+
+import_members(__name__, __path__)
+
+
+def run(cfg: Any, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Train ``cfg`` with the driver it selects (``driver:``, default ``single``)."""
+    from groupwise import catalog
+
+    return catalog.build(cfg.driver)(DriverRun(cfg, resume, overwrite))

@@ -17,7 +17,7 @@ import time
 import torch
 
 from groupwise.config import RunConfig
-from groupwise.drivers import distributed
+from groupwise.drivers import DRIVERS, DriverRun, distributed
 from groupwise.drivers.session import Session, latest_model_dir  # noqa: F401  (latest_model_dir: public API)
 from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.stats import advantage_metrics, group_metrics
@@ -146,3 +146,9 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
     p.generator.close()  # an engine (vLLM) shuts down here, not whenever it is garbage-collected
     distributed.barrier()
     return result
+
+
+@DRIVERS.register("single")
+def single(run: DriverRun, cfg) -> dict[str, dict[str, float]]:
+    """One policy: the loop above (the default driver)."""
+    return train(run.cfg, resume=run.resume, overwrite=run.overwrite)
