@@ -24,6 +24,11 @@ Regimes (see docs/benchmarks.md):
                 completions stop at EOS. The reward is the lab's correctness verifier; groupwise skips rows
                 of zero-variance groups (TRL trains them with zero advantage), reported as "rows trained".
 
+  --prefix-tokens N  (regime C) every prompt behind the same N-token system prompt, as a chat system message on
+                both sides (real RLVR prompts are 100-500 tokens shared by a group's G completions);
+                ``--shared-prefix`` turns on groupwise's ``optim.shared_prefix`` (each group's prompt runs once in
+                the update; generation always prefills it once per group).
+
 Model FLOPs per step = 2·N·Σ(P+T) (generation forwards) + 6·N·Σ(P+T) (training forward + backward), with N
 the parameter count (tied embeddings counted once), P and T each completion's prompt and completion tokens;
 the attention score FLOPs are ignored (< 3% here). "% peak" divides FLOP/s by the best fp32 ``torch.mm`` rate
@@ -70,6 +75,8 @@ class Options:
     matmul_n: int = 2048
     sides: tuple[str, ...] = SIDES
     workdir: str | None = None
+    prefix_tokens: int = 0
+    shared_prefix: bool = False
 
     @property
     def reward_kind(self) -> str:
@@ -95,6 +102,23 @@ def plan(spec: dict):
     lab = Lab(LabConfig(**{k: v for k, v in TASK.items() if k != "name"}), spec["seed"])
     selector = RandomSelector(lab, spec["seed"])
     return lab, [selector.next(step, spec["prompts"]) for step in range(spec["steps"])]
+
+
+def system_prompt(model_dir: str, n: int) -> str:
+    """A fixed system prompt of exactly ``n`` tokens of the model's tokenizer ("" for 0): regime C's shared
+    prefix, the same text on both sides."""
+    if n <= 0:
+        return ""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    text = "You are a careful calculator. Work through the chain one step at a time, mod 10, then answer. " * n
+    return tok.decode(tok.encode(text, add_special_tokens=False)[:n])
+
+
+def messages(problem, system: str) -> list[dict]:
+    """The chat messages of one problem on both sides: the system prompt (if any), then the lab prompt."""
+    return [*([{"role": "system", "content": system}] if system else []), {"role": "user", "content": problem.prompt}]
 
 
 def reward_value(task, problem, text: str, kind: str) -> float:
@@ -203,7 +227,8 @@ def side_groupwise(spec: dict) -> dict:
         "loss": {"terms": [{"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}],
                  "reduction": "token_mean"},
         "optim": {"lr": spec["lr"], "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
-                  "schedule": "constant", "grad_clip": 1.0, "ppo_epochs": 1},
+                  "schedule": "constant", "grad_clip": 1.0, "ppo_epochs": 1,
+                  "shared_prefix": bool(spec.get("shared_prefix"))},
         "trainer": {"steps": spec["steps"], "threads": spec["threads"], "progress": False, "sinks": []},
         "eval": {"before": False, "after": False},
     }
@@ -213,7 +238,14 @@ def side_groupwise(spec: dict) -> dict:
     setup_s = time.perf_counter() - t0
 
     rec: dict = {}
-    generate, builder = c.generator.generate, c.builder
+    generate, builder, select = c.generator.generate, c.builder, c.selector.next
+    system = system_prompt(spec["model_dir"], spec.get("prefix_tokens", 0))
+
+    def with_system(step, n, ctx):  # regime C: every problem behind the same system prompt, as a chat message
+        return [dataclasses.replace(p, prompt=tuple(messages(p, system))) for p in select(step, n, ctx)]
+
+    if system:
+        c.selector.next = with_system
 
     def timed_generate(requests, params, rng):
         t, cpu = time.perf_counter(), time.process_time()
@@ -260,10 +292,11 @@ def side_trl(spec: dict) -> dict:
     tok.padding_side = "left"
     dtype, device = getattr(torch, spec.get("dtype", "float32")), spec.get("device", "cpu")
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=dtype, local_files_only=True).to(device)
-    messages = [[{"role": "user", "content": p.prompt}] for p in flat]
+    system = system_prompt(spec["model_dir"], spec.get("prefix_tokens", 0))
+    chats = [messages(p, system) for p in flat]
     prompt_len = [len(tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
-                                 add_special_tokens=False)) for m in messages]
-    data = Dataset.from_list([{"prompt": m, "idx": i} for i, m in enumerate(messages)])
+                                 add_special_tokens=False)) for m in chats]
+    data = Dataset.from_list([{"prompt": m, "idx": i} for i, m in enumerate(chats)])
     kind = spec["reward"]
     rec: dict = {}
 
@@ -474,9 +507,13 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
     workdir = Path(opts.workdir) if opts.workdir else Path(tempfile.mkdtemp(prefix="vs_trl-"))
     workdir.mkdir(parents=True, exist_ok=True)
     info = make_model_dir(opts, workdir / "model")
+    if opts.prefix_tokens:
+        info["regime"] += f"; behind a {opts.prefix_tokens}-token system prompt (regime C)"
+        info["regime"] += ", groupwise optim.shared_prefix" if opts.shared_prefix else ""
     spec = {"model_dir": info["model_dir"], "steps": opts.steps, "prompts": opts.prompts, "group": opts.group,
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
-            "reward": opts.reward_kind, "workdir": str(workdir)}
+            "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens,
+            "shared_prefix": opts.shared_prefix}
     probes = [matmul_peak(opts.matmul_n, opts.threads)]
     runs = []
     for r in range(opts.repeats):
@@ -526,6 +563,10 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
     p.add_argument("--sides", help="comma-separated subset of trl,groupwise (default both)")
     p.add_argument("--workdir", help="keep the model, specs and per-side logs here (default: a temp dir)")
     p.add_argument("--json", metavar="OUT", help="write every per-step record and the summary as JSON")
+    p.add_argument("--prefix-tokens", type=int,
+                   help="regime C: every prompt behind the same system prompt of this many tokens (default 0)")
+    p.add_argument("--shared-prefix", action="store_true",
+                   help="groupwise: optim.shared_prefix (each group's prompt runs once in the update)")
     p.add_argument("--quick", action="store_true", help="tiny settings for a seconds-long smoke run")
     p.add_argument("--in-process", action="store_true",
                    help="run both sides in this process (debugging; peak RSS is then not per side)")
@@ -537,6 +578,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
             values[f.name] = v
     if a.warm_start:
         values["warm_start"] = True
+    if a.shared_prefix:
+        values["shared_prefix"] = True
     if a.sides:
         values["sides"] = tuple(s.strip() for s in a.sides.split(","))
         if not set(values["sides"]) <= set(SIDES):

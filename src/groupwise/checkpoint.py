@@ -36,14 +36,17 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep_last: int) -> Path:
+def save(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep_last: int,
+         weights: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint ``step`` atomically; ``weights`` (the whole state dict of a sharded model) replaces
+    the model's own."""
     root = checkpoint_dir(run_dir)
     final = root / f"step_{step:07d}"
     tmp = root / f".tmp-step_{step:07d}-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
         clean_stale(run_dir)
-        save_model(model, tokenizer, tmp / "model")
+        save_model(model, tokenizer, tmp / "model", weights)
         with open(tmp / STATE, "wb") as f:  # a file object: a full disk surfaces as OSError, not RuntimeError
             torch.save({**state, "step": step, "rng": rng_state()}, f)
         write_manifest(tmp)

@@ -230,6 +230,11 @@ class OptimConfig:
     micro_batch_tokens: int = 8192
     """Token budget (padded prompt + completion) per forward/backward micro-batch."""
     ppo_epochs: int = 1
+    shared_prefix: bool = False
+    """Run each distinct prompt of a micro-batch once in the update's forwards (policy and reference): the G
+    completions of a group share their prompt's forward and its share of the backward
+    (``forward.shared_prefix_logprobs``; equal to the unshared pass up to float summation order). Worth it when
+    prompts are long next to completions."""
     nonfinite: Literal["restore", "stop"] = "restore"
     """A step that leaves a parameter NaN/inf: ``restore`` the pre-step weights (keeps one copy of the trainable
     parameters each step; right for the lab's small models) or ``stop`` the run with a one-line error (no
@@ -277,6 +282,10 @@ class TrainerConfig:
     record_groups: int = 2
     """Groups of each kind (trained, filtered, dropped, replayed) written per step to ``rollouts.jsonl`` for
     ``groupwise inspect`` (0: record nothing; docs/inspect.md)."""
+    data_parallel: Literal["replicate", "fsdp"] = "replicate"
+    """With several processes (torchrun / accelerate): every rank holds the whole model and the gradients are
+    all-reduced (``replicate``), or each holds a shard of the weights, gradients and optimizer state (``fsdp``,
+    PyTorch's FSDP2: ``models/fsdp.py``). One process: no effect."""
 
     def __post_init__(self) -> None:
         _rules(self, ("steps", lambda v: v >= 0, ">= 0"),
@@ -524,6 +533,11 @@ def _check(cfg: RunConfig) -> None:
             raise ConfigError(f"driver: {why}")
     if cfg.rollout.workers:
         _check_workers(cfg)
+    if cfg.trainer.data_parallel == "fsdp":
+        for key, on in (("model.lora", cfg.model.lora is not None), ("rollout.workers", cfg.rollout.workers > 0)):
+            if on:
+                raise ConfigError(f"trainer.data_parallel=fsdp: {key} under FSDP is not built; use "
+                                  "trainer.data_parallel=replicate with it")
 
 
 def _check_workers(cfg: RunConfig) -> None:

@@ -33,7 +33,8 @@ from torch import Tensor
 
 from groupwise.config import OptimConfig, RunConfig
 from groupwise.losses.reduce import Normalizer, reduce
-from groupwise.models.forward import Packed, completion_logprobs, pack
+from groupwise.models import fsdp
+from groupwise.models.forward import Forward, Packed, completion_logprobs, pack, shared_prefix_logprobs
 from groupwise.registry import Entry
 from groupwise.teachers import TeacherWant
 from groupwise.types import LossInputs, LossTerms, Sample, TeacherOutput, TokenBatch
@@ -43,20 +44,30 @@ class NonFiniteWeights(RuntimeError):
     """An optimizer step produced NaN/inf weights under ``optim.nonfinite: stop`` (one line, for the CLI)."""
 
 
-def plan_micro_batches(samples: list[Sample], token_budget: int) -> list[list[int]]:
-    """Row indices per micro-batch: longest first, greedily filled while rows × (P + T) fits the budget."""
+def plan_micro_batches(samples: list[Sample], token_budget: int, shared_prefix: bool = False) -> list[list[int]]:
+    """Row indices per micro-batch: longest first, greedily filled while rows × (P + T) fits the budget. With
+    ``shared_prefix`` (each distinct prompt runs once, ``forward.shared_prefix_logprobs``) a micro-batch costs
+    prompts × P + rows × T, and the rows of one prompt are kept together so that its forward is shared by all."""
     size = lambda i: (samples[i].prompt_ids.numel(), samples[i].completion_ids.numel())  # noqa: E731
     order = sorted(range(len(samples)), key=lambda i: sum(size(i)), reverse=True)
+    key = lambda i: tuple(samples[i].prompt_ids.tolist()) if shared_prefix else i  # noqa: E731
+    if shared_prefix:  # prompt by prompt (longest row first), each prompt's rows longest first
+        rank: dict = {}
+        for i in order:
+            rank.setdefault(key(i), len(rank))
+        order.sort(key=lambda i: rank[key(i)])
     out: list[list[int]] = []
     cur: list[int] = []
-    width = (0, 0)
+    width, prompts = (0, 0), set()
     for i in order:
         p, t = size(i)
         new = (max(width[0], p), max(width[1], t))
-        if cur and (len(cur) + 1) * sum(new) > token_budget:
+        n_p = len(prompts | {key(i)}) if shared_prefix else len(cur) + 1
+        if cur and n_p * new[0] + (len(cur) + 1) * new[1] > token_budget:
             out.append(cur)
-            cur, new = [], (p, t)
+            cur, new, prompts = [], (p, t), set()
         cur.append(i)
+        prompts.add(key(i))
         width = new
     if cur:
         out.append(cur)
@@ -170,6 +181,7 @@ class Learner:
         self.want = TeacherWant(top_k=teacher_top_k if "teacher_topk" in self.needs else 0,
                                 vocab="teacher_vocab" in self.needs)
         self.inert = all(t.entry.advantage_only for t in self.terms)
+        self.sharded = fsdp.is_sharded(policy)  # FSDP (models/fsdp.py): passes are collectives, grads reduce-scattered
         self._warned = False
 
     @staticmethod
@@ -196,14 +208,18 @@ class Learner:
         world = data_parallel()
         mine = shard_rows(active, batch.samples, *world) if world[1] > 1 else active
         plan = [[mine[j] for j in mb] for mb in
-                plan_micro_batches([batch.samples[i] for i in mine], o.micro_batch_tokens)]
+                plan_micro_batches([batch.samples[i] for i in mine], o.micro_batch_tokens, o.shared_prefix)]
         sums, first_old, teacher_cache = Sums(), {}, {}
         skipped = restored = 0.0
+        idle = fsdp.on_all_ranks(len(plan), "max") - len(plan) if self.sharded else 0
         self.policy.train()
         for _ in range(o.ppo_epochs):
-            for k, mb in enumerate(plan):
+            for k, mb in enumerate(plan + [[mine[-1] if mine else 0]] * idle):
                 inp = self.inputs(batch, mb, first_old, teacher_cache if o.ppo_epochs > 1 else {}, k)
-                self.loss(inp, norm, sums).backward()
+                if k < len(plan):
+                    self.loss(inp, norm, sums).backward()
+                else:  # FSDP: a pass with zero loss, so that this rank joins the others' collectives
+                    (0.0 * self.loss(inp, norm, Sums())).backward()
             outcome = self.optimizer_step(sums)
             skipped, restored = skipped + (outcome != "stepped"), restored + (outcome == "restored")
         self.scheduler.step()
@@ -218,6 +234,20 @@ class Learner:
                     "update/ref_forwards": n_plan * o.ppo_epochs if "ref" in self.needs else 0.0})
         return out
 
+    def full_state(self) -> tuple[dict[str, Tensor] | None, dict[str, Any]]:
+        """(the policy's whole weights, or None to save the module's own; the optimizer's state dict) for a
+        checkpoint. Every rank calls it (under FSDP, gathering is a collective; rank 0 gets the state)."""
+        if self.sharded:
+            return fsdp.full_state(self.policy, self.optimizer)
+        return None, self.optimizer.state_dict()
+
+    def load_optimizer(self, state: dict[str, Any]) -> None:
+        """A checkpoint's optimizer state (the same layout whether it was saved sharded or not)."""
+        if self.sharded:
+            fsdp.load_optimizer(self.policy, self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)
+
     def inputs(self, batch: TokenBatch, mb: list[int], first_old: dict[int, Tensor],
                teacher_cache: dict[int, TeacherOutput], k: int) -> LossInputs:
         """Everything the loss terms of micro-batch ``mb`` read (one policy forward, plus ref / teacher)."""
@@ -225,8 +255,7 @@ class Learner:
         rows = [batch.samples[i] for i in mb]
         packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], self.settings.pad_id, dev)
         t = packed.completion_ids.shape[1]
-        fwd = completion_logprobs(self.policy, packed, self.settings.temperature, with_entropy=True,
-                                  with_vocab="vocab" in self.needs)
+        fwd = self._forward(self.policy, packed, rows, with_entropy=True, with_vocab="vocab" in self.needs)
         old = torch.empty_like(fwd.logprobs)
         for j, (i, s) in enumerate(zip(mb, rows)):
             if s.old_logprobs is not None:
@@ -239,7 +268,7 @@ class Learner:
             logprobs=fwd.logprobs, old_logprobs=old.detach(), advantages=batch.advantages[mb, :t].to(dev).float(),
             completion_mask=batch.completion_mask[mb, :t].to(dev) & packed.completion_mask,
             rollout_logprobs=pad_rows([s.rollout_logprobs for s in rows], t, math.nan).to(dev),
-            loss_weights=batch.loss_weights[mb, :t].to(dev), ref_logprobs=self._ref(packed),
+            loss_weights=batch.loss_weights[mb, :t].to(dev), ref_logprobs=self._ref(packed, rows),
             teacher=self._teacher(rows, problems, teacher_cache, k), vocab_logprobs=fwd.vocab_logprobs,
             entropy=fwd.entropy, samples=rows, problems=problems)
 
@@ -264,10 +293,10 @@ class Learner:
         for p in self.policy.parameters():  # a step with no trained rows is a zero-gradient step
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if data_parallel()[1] > 1:
+        if data_parallel()[1] > 1 and not self.sharded:  # FSDP has reduce-scattered them in the backward
             all_reduce_grads([p for p in self.policy.parameters() if p.requires_grad])
         clip = self.settings.optim.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip if clip > 0 else float("inf"))
+        grad_norm = fsdp.full(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip if clip > 0 else float("inf")))
         outcome = "skipped"
         if bool(torch.isfinite(grad_norm)):
             outcome = "restored" if self._guarded_step() else "stepped"
@@ -283,7 +312,8 @@ class Learner:
         keep = self.settings.optim.nonfinite == "restore"
         before = [p.detach().clone() for p in params] if keep else []
         self.optimizer.step()
-        if all(bool(torch.isfinite(p).all()) for p in params):
+        finite = all(bool(torch.isfinite(fsdp.local(p)).all()) for p in params)
+        if finite if not self.sharded else fsdp.on_all_ranks(finite, "min"):  # FSDP: each rank sees its shard
             return False
         if not keep:
             raise NonFiniteWeights("an optimizer step made the policy's weights non-finite (lr too high, or an "
@@ -292,7 +322,7 @@ class Learner:
         for p, b in zip(params, before):
             p.copy_(b)
             state = self.optimizer.state.get(p, {})
-            if any(torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+            if any(torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(fsdp.local(v)).all())
                    for v in state.values()):
                 self.optimizer.state.pop(p, None)  # AdamW re-initialises the moments of this parameter
         if not self._warned:
@@ -303,12 +333,19 @@ class Learner:
                   file=sys.stderr, flush=True)
         return True
 
+    def _forward(self, model: torch.nn.Module, packed: Packed, rows: list[Sample], **kw) -> Forward:
+        """One teacher-forced pass; with ``optim.shared_prefix`` each distinct prompt runs once."""
+        if self.settings.optim.shared_prefix:
+            return shared_prefix_logprobs(model, packed, [s.prompt_ids for s in rows], self.settings.pad_id,
+                                          self.settings.temperature, **kw)
+        return completion_logprobs(model, packed, self.settings.temperature, **kw)
+
     @torch.no_grad()
-    def _ref(self, packed: Packed) -> Tensor | None:
+    def _ref(self, packed: Packed, rows: list[Sample]) -> Tensor | None:
         if "ref" not in self.needs:
             return None
         assert self.ref is not None, "a loss term needs the reference model but none was loaded"
-        return completion_logprobs(self.ref, packed, self.settings.temperature).logprobs
+        return self._forward(self.ref, packed, rows).logprobs
 
     def _teacher(self, rows: list[Sample], problems: list, cache: dict[int, TeacherOutput],
                  k: int) -> TeacherOutput | None:

@@ -39,3 +39,36 @@ def test_two_processes_train_one_run_and_resume(tmp_path):
     kinds = [g["kind"] for x in (run / "rollouts.jsonl").read_text().splitlines() for g in json.loads(x)["groups"]]
     assert kinds and "dropped" not in kinds, "no transform ran, so no sample was dropped (gathered groups match)"
     assert json.loads((run / "summary.json").read_text())["after"]["eval/mean_at_k"] >= 0.0
+
+
+def test_fsdp_trains_the_same_run_and_resumes(tmp_path):
+    """``trainer.data_parallel=fsdp``: the same 2 steps as a replicated 2-process run (the same samples and
+    rewards; weights equal to the update's summation-order tolerance), with the KL reference model, and a
+    sharded run resumes from its gathered checkpoint."""
+    env = {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "0",
+           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    kl = ["loss.terms=[{name: ppo_clip}, {name: kl, weight: 0.05}]"]
+    runs = {}
+    for mode in ("replicate", "fsdp"):
+        out = tmp_path / mode
+        done = torchrun(out, "trainer.steps=2", f"trainer.data_parallel={mode}", *kl, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[mode] = out / "grpo_lab"
+    resumed = torchrun(tmp_path / "fsdp", "trainer.steps=3", "trainer.data_parallel=fsdp", *kl, "--resume", env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from step_0000002" in resumed.stdout + resumed.stderr
+
+    from safetensors.torch import load_file
+
+    def metrics(run):
+        return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "perf/step_s" in x]
+
+    rep, sh = metrics(runs["replicate"]), metrics(runs["fsdp"])
+    assert [r["step"] for r in sh] == [1, 2, 3]
+    for a, b in zip(rep, sh[:2]):
+        assert a["reward/mean"] == b["reward/mean"] and a["update/loss_tokens"] == b["update/loss_tokens"]
+        assert abs(a["loss/kl"] - b["loss/kl"]) <= 1e-6 + 1e-4 * abs(a["loss/kl"])
+    w = [load_file(runs[m] / "checkpoints" / "step_0000002" / "model" / "model.safetensors") for m in runs]
+    assert w[0].keys() == w[1].keys()
+    for k in w[0]:
+        assert float((w[0][k] - w[1][k]).abs().max()) <= 1e-5 + 1e-4 * float(w[0][k].abs().max()), k

@@ -64,3 +64,15 @@ def test_a_side_runs_in_its_own_process(vs_trl, tmp_path):
     out = vs_trl.run_side("groupwise", spec, tmp_path, "gw")
     assert out["side"] == "groupwise" and len(out["steps"]) == 1 and out["maxrss_mb"] > 0
     assert out["steps"][0]["gen_tokens"] == opts.prompts * opts.group * opts.max_tokens
+
+
+def test_regime_c_puts_the_same_system_prompt_on_both_sides(vs_trl, tmp_path):
+    result = vs_trl.main(["--quick", "--in-process", "--matmul-n", "128", "--workdir", str(tmp_path / "w"),
+                          "--prefix-tokens", "40", "--shared-prefix", "--sides", "groupwise,trl"])
+    assert result["warnings"] == []  # the same problems and prompt token counts, step by step
+    runs = {r["side"]: r for r in result["runs"]}
+    plain = vs_trl.plan({"seed": 0, "prompts": 2, "steps": 1})[1][0]
+    tok_chars = sum(len(p.prompt) + 1 for p in plain)  # the lab-tiny tokenizer is one token per character
+    for side in ("trl", "groupwise"):
+        assert runs[side]["steps"][0]["prompt_tokens"] == 4 * (tok_chars + len(plain) * (40 + 1))  # G = 4; system + "\n"
+    assert "40-token system prompt" in result["regime"] and "shared_prefix" in result["regime"]

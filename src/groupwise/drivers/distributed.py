@@ -9,7 +9,8 @@ launch``): one run, its rollouts and its update split over the ranks.
   (``gather``). Filtering, advantages, replay and credit then run on the whole batch on every rank, so their
   state stays identical without being sent.
 - **Update**: ``update.Learner`` shards the rows and all-reduces the gradient (``update.data_parallel``), so
-  the weights stay identical on every rank.
+  the weights stay identical on every rank; with ``trainer.data_parallel: fsdp`` the weights themselves are
+  sharded (``models/fsdp.py``) and the gradient is reduce-scattered.
 - **I/O** is rank 0's: the run directory, metrics, rollout records, held-out evals and checkpoints; other ranks
   only read the checkpoint they resume from. A stop request (Ctrl-C / SIGTERM) on any rank stops all of them
   after the same step (``agree``).

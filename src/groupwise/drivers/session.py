@@ -115,7 +115,7 @@ class Session:
         if self.checkpoint is not None:
             state = ckpt.load_state(self.checkpoint)
             start, self.counters = state["step"], state["counters"]
-            pipeline.learner.optimizer.load_state_dict(state["optimizer"])
+            pipeline.learner.load_optimizer(state["optimizer"])
             pipeline.learner.scheduler.load_state_dict(state["scheduler"])
             for key, part in pipeline.stateful().items():
                 part.load_state_dict(state["components"][key])
@@ -138,14 +138,17 @@ class Session:
         self.progress.update(step, metrics)
 
     def save(self, pipeline: Any, step: int) -> None:
-        check_in_sync(pipeline.policy, step)
-        if not self.main:  # every rank holds the same weights and state: rank 0 saves them
-            return
         learner = pipeline.learner
-        state = {"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
+        if not learner.sharded:  # replicas: bit-identical on every rank, or the run forked (FSDP: one copy)
+            check_in_sync(pipeline.policy, step)
+        weights, optimizer = learner.full_state()  # under FSDP: gathered to rank 0, every rank joins
+        if not self.main:  # every rank holds the same state: rank 0 saves it
+            return
+        state = {"optimizer": optimizer, "scheduler": learner.scheduler.state_dict(),
                  "counters": dict(self.counters),
                  "components": {k: v.state_dict() for k, v in pipeline.stateful().items()}}
-        ckpt.save(self.run_dir, step, pipeline.policy, pipeline.tokenizer, state, self.cfg.trainer.keep_last)
+        ckpt.save(self.run_dir, step, pipeline.policy, pipeline.tokenizer, state, self.cfg.trainer.keep_last,
+                  weights=weights)
 
     def save_final(self, pipeline: Any, step: int) -> None:
         """Save ``step`` unless its checkpoint already exists (the last periodic save); rank 0 decides."""

@@ -26,7 +26,7 @@ from groupwise.drivers import workers
 from groupwise.drivers.record import Recorder
 from groupwise.drivers.workers import ShardRunner
 from groupwise.filter import Filter
-from groupwise.models import lora
+from groupwise.models import fsdp, lora
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import load_model, load_pretrained
 from groupwise.registry import BuildEnv, Entry
@@ -180,6 +180,10 @@ class Pipeline:
             policy_logprobs=self.policy_logprobs, model=self.policy, eos_id=self.tokenizer.eos_token_id,
             teacher=self.teacher, check=self.reward.check)
 
+    def full_weights(self):
+        """A context in which the policy has its whole weights on every rank (FSDP; a no-op otherwise)."""
+        return fsdp.full_weights(self.policy)
+
     def stateful(self) -> dict[str, Any]:
         """Components whose state is checkpointed, by key (those registered ``stateful=True``)."""
         return {p.key: p.obj for p in self.parts if p.entry.stateful}
@@ -262,8 +266,10 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     # like the reference model, a teacher exists only when an active loss term reads it
     teacher = make("teacher", cfg.teacher) if needs & {"teacher", "teacher_topk", "teacher_vocab"} else None
     counted = CountingTeacher(teacher) if teacher is not None else None
-    learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, initial() if "ref" in needs else None,
-                                  counted)
+    ref = initial() if "ref" in needs else None  # made before sharding: a full replica (models/fsdp.py)
+    if cfg.trainer.data_parallel == "fsdp" and data_parallel()[1] > 1 and not worker:
+        fsdp.shard(policy)  # in place: every component built above holds the sharded policy
+    learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, ref, counted)
     resume_step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else None
     pipe = Pipeline(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,

@@ -46,14 +46,14 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
         return groups
 
     n = cfg.rollout.prompts_per_step
-    groups, metrics = p.filter(make(n), n, make)
-    t_rollout = time.perf_counter() - t0
-
-    batch = ScoredBatch.from_groups(groups, step)
-    adv = p.advantage(batch) if groups else torch.zeros(0, 0)
-    for transform in p.advantage_transforms:
-        adv = transform(batch, adv)
-    replayed = p.replay.sample(step, ctx)
+    with p.full_weights():  # FSDP: the rollout stage runs on the whole weights (a no-op otherwise)
+        groups, metrics = p.filter(make(n), n, make)
+        t_rollout = time.perf_counter() - t0
+        batch = ScoredBatch.from_groups(groups, step)
+        adv = p.advantage(batch) if groups else torch.zeros(0, 0)
+        for transform in p.advantage_transforms:
+            adv = transform(batch, adv)
+        replayed = p.replay.sample(step, ctx)
     tokens = TokenBatch.build(groups, adv, replayed)
     for credit in p.credit:
         tokens = credit(tokens)
@@ -66,7 +66,8 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
         p.shards.sync_weights(p.policy)
     p.replay.add(groups, adv, step)
     if p.teacher is not None:
-        p.teacher.on_step(step, p.policy)
+        with p.full_weights():
+            p.teacher.on_step(step, p.policy)
 
     t_update, gen = time.perf_counter() - t1, p.generator
     metrics.update(p.recorder.record(step, rollouts, tokens, replayed))  # a bounded sample, for `groupwise inspect`
@@ -92,6 +93,12 @@ def require_scored(groups: list[Group], where: str) -> None:
 
 
 def run_eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, float]:
+    """A held-out eval, on rank 0 (every rank calls it: under FSDP they gather the weights first)."""
+    with p.full_weights():
+        return _eval(p, step, session, tag) if distributed.is_main() else {}
+
+
+def _eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, float]:
     e = p.cfg.eval
     problems = list(p.task.test[:e.n_problems])
     metrics, records = evaluate(p.generator, p.tokenizer, p.task, problems, p.encode, k=e.k,
@@ -124,7 +131,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
         distributed.barrier()
     step = session.restore(p)
     result: dict[str, dict[str, float]] = {}
-    if step == 0 and cfg.eval.before and main:
+    if step == 0 and cfg.eval.before:
         result["before"] = run_eval(p, 0, session, "step_0")
     with session.signals():
         while step < cfg.trainer.steps and not distributed.agree(session.stopping):
@@ -132,7 +139,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
             step += 1
             session.record(step, metrics)
             result["last"] = metrics
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps and main:
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
                 run_eval(p, step, session, f"step_{step}")
             if cfg.trainer.save_every and step % cfg.trainer.save_every == 0:
                 session.save(p, step)
@@ -140,7 +147,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
         session.interrupted(p, step)
     session.save_final(p, step)
     p.shards.close()  # Ray workers (if any) stop here: the eval below runs in this process
-    if cfg.eval.after and main:
+    if cfg.eval.after:
         result["after"] = run_eval(p, step, session, f"step_{step}")
     session.close(result)
     p.generator.close()  # an engine (vLLM) shuts down here, not whenever it is garbage-collected

@@ -8,6 +8,7 @@ Position ids count real tokens only, so padding never shifts a row's positions.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 import torch
@@ -63,13 +64,60 @@ def completion_logprobs(model: torch.nn.Module, packed: Packed, temperature: flo
     out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
                 position_ids=packed.position_ids, logits_to_keep=t + 1, use_cache=False,
                 output_attentions=output_attentions)
-    logits = out.logits[:, :-1].float()  # [B, T, V]; position P-1+j predicts completion token j
+    # position P-1+j predicts completion token j
+    fwd = _from_logits(out.logits[:, :-1], packed, temperature, with_entropy, with_vocab)
+    fwd.output = out
+    return fwd
+
+
+def shared_prefix_logprobs(model: torch.nn.Module, packed: Packed, prompts: list[Tensor], pad_id: int,
+                           temperature: float = 1.0, with_entropy: bool = False, with_vocab: bool = False) -> Forward:
+    """``completion_logprobs`` with each distinct prompt computed once: its forward (and, through the cache it
+    leaves, its share of the backward) runs once for all the rows that share it, instead of once per row. The
+    prompts are run left-padded with a cache, the cache is expanded to one row per completion (an index, so its
+    gradient is the sum over the rows), and the completions run on top of it. Equal to the unshared pass up to
+    float summation order (``tests/unit/update/test_shared_prefix.py``); ``packed`` gives the completion layout."""
+    dev = packed.input_ids.device
+    index: dict[tuple[int, ...], int] = {}
+    row = torch.tensor([index.setdefault(tuple(p.tolist()), len(index)) for p in prompts], device=dev)
+    width = max(len(p) for p in index)
+    ids = torch.full((len(index), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(index), width), dtype=torch.long)
+    for u, p in enumerate(index):
+        ids[u, width - len(p):], attn[u, width - len(p):] = torch.tensor(p), 1
+    ids, attn = ids.to(dev), attn.to(dev)
+    first = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                  use_cache=True, logits_to_keep=1)
+    cache = first.get("cache") or first.get("past_key_values")
+    cache.batch_select_indices(row)  # one cache row per completion; differentiable (an index)
+    t = packed.completion_ids.shape[1]
+    comp_attn = packed.attention_mask[:, packed.prompt_width:]
+    pos = attn[row].sum(-1, keepdim=True) + torch.arange(t, device=dev)
+    rest = model(input_ids=packed.completion_ids, attention_mask=torch.cat([attn[row], comp_attn], dim=1),
+                 position_ids=pos, use_cache=True, logits_to_keep=t, **{cache_keyword(model): cache})
+    # the prompt's last logits predict completion token 0; completion position j predicts token j+1
+    logits = torch.cat([first.logits[:, -1:][row], rest.logits[:, :-1]], dim=1)
+    return _from_logits(logits, packed, temperature, with_entropy, with_vocab)
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name of a model's KV-cache argument: transformers 5.x renamed it ``cache``; 4.x only knows
+    ``past_key_values`` (a peft LoRA policy forwards its keyword arguments to the base model: ask the base)."""
+    from groupwise.models import lora
+
+    model = getattr(model, "lora_model", model)  # lora.BaseView: the policy with its adapter off
+    return "cache" if "cache" in inspect.signature(lora.base_model(model).forward).parameters else "past_key_values"
+
+
+def _from_logits(logits: Tensor, packed: Packed, temperature: float, with_entropy: bool, with_vocab: bool) -> Forward:
+    """Completion-aligned logits [B, T, V] -> the ``Forward`` of the sampled tokens."""
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     logz = torch.logsumexp(logits, dim=-1)  # [B, T]
     logprobs = logits.gather(-1, packed.completion_ids.unsqueeze(-1)).squeeze(-1) - logz
     logprobs = logprobs.masked_fill(~packed.completion_mask, 0.0)
-    fwd = Forward(logprobs, output=out)
+    fwd = Forward(logprobs)
     if with_entropy:
         with torch.no_grad():
             logp = logits - logz.unsqueeze(-1)

@@ -94,8 +94,9 @@ def _load_base(cfg: ModelConfig, task, progress):
     return prepare(tiny.build_model(preset, tokenizer), tokenizer, cfg.dtype, cfg.device)
 
 
-def save_model(model, tokenizer, path: str | Path) -> None:
+def save_model(model, tokenizer, path: str | Path, state_dict: dict | None = None) -> None:
     """Save in plain Hugging Face format (safetensors), loadable by transformers and vLLM (a LoRA policy saves
-    its adapter only; ``lora.export`` merges it)."""
-    model.save_pretrained(path, safe_serialization=True)
+    its adapter only; ``lora.export`` merges it). ``state_dict``: the whole weights of a sharded model."""
+    extra = {} if state_dict is None else {"state_dict": state_dict}
+    model.save_pretrained(path, safe_serialization=True, **extra)
     tokenizer.save_pretrained(path)

@@ -9,12 +9,11 @@ training model's own parameters, so weight sync is free.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import torch
 from torch import Tensor
 
-from groupwise.models import lora
+from groupwise.models.forward import cache_keyword
 from groupwise.rollout import GENERATORS
 from groupwise.rollout.base import Request, SamplingParams, eos_ids
 from groupwise.types import Completion
@@ -45,10 +44,7 @@ class HFGenerator:
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.eos_ids = torch.tensor(eos_ids(model, tokenizer), dtype=torch.long)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        # transformers 5.x renamed the cache argument; 4.x only knows past_key_values
-        # (a peft LoRA policy forwards its keyword arguments to the base model: ask the base)
-        base = lora.base_model(model)
-        self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        self._cache_kw = cache_keyword(model)
 
     def sync_weights(self, model: torch.nn.Module) -> None:  # shares parameters with the trainer
         assert model is self.model
