@@ -46,14 +46,19 @@ def rows(samples: list[Sample], advantages: list[torch.Tensor], problems: list[P
 def vllm_lane_recipes() -> list:
     """The recipes the vLLM lane trains through the vLLM generator (tests/vllm_lane/test_vllm_methods.py): those on the
     embedded lab-tiny architecture (one shared engine serves them all), without Ray workers (those run the hf
-    generator in their actors; vllm is refused there)."""
+    generator in their actors; vllm is refused there), and not those whose driver refuses vllm (``catalog.refusal``)."""
     from pathlib import Path
 
     import yaml
 
+    from groupwise import catalog
+    from groupwise.config import load
+
     def in_scope(recipe: Path) -> bool:
         raw = yaml.safe_load(recipe.read_text()) or {}
         path = (raw.get("model") or {}).get("path", "embedded:lab-tiny")
+        if raw.get("driver") and catalog.refusal(load(recipe), "vllm"):
+            return False
         return path == "embedded:lab-tiny" and not (raw.get("rollout") or {}).get("workers")
 
     return [p for p in sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml")) if in_scope(p)]

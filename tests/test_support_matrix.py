@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support import vllm_lane_recipes
 
-from groupwise.catalog import KINDS, support
+from groupwise.catalog import KINDS, refusal, support
 from groupwise.config import load
 from groupwise.registry import ConfigError
 
@@ -43,6 +43,11 @@ def test_every_refusal_is_a_load_time_error():
         cfg = load(recipe)
         workers = [s for s in cfg.specs() if s.kind in ("generator", "group builder", "reward")]
         bad = [s for s in workers if s.name in refused]
+        why = refusal(cfg, "ray")  # a driver that refuses Ray workers (its REFUSES) says so first
+        if why:
+            with pytest.raises(ConfigError, match=f"^driver: {re.escape(why)}$"):
+                load(recipe, ["rollout.shards=1", "rollout.workers=1"])
+            continue
         try:
             load(recipe, ["rollout.shards=1", "rollout.workers=1"])
         except ConfigError as e:

@@ -17,7 +17,7 @@ from groupwise.registry import ConfigError
 def echo_driver():
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class EchoConfig:
-        REFUSES: ClassVar[dict[str, str]] = {"vllm": "it echoes"}
+        REFUSES: ClassVar[dict[str, str]] = {"vllm": "it echoes", "torchrun": "one process"}
         tag: str = "x"
 
     def echo(run: DriverRun, cfg: EchoConfig) -> dict:
@@ -48,3 +48,12 @@ def test_a_declared_refusal_is_a_one_line_load_error(echo_driver):
 def test_an_unknown_driver_names_the_valid_ones():
     with pytest.raises(ConfigError, match=r"unknown driver 'singel' \(did you mean 'single'\?\); valid: .*single"):
         load(None, ["driver=singel"])
+
+
+def test_a_driver_that_refuses_several_processes_says_so_when_the_run_starts(echo_driver, monkeypatch):
+    cfg = load(None, ["driver=echo_test"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"^driver: driver 'echo_test' does not run with torchrun: one process$"):
+        drivers.run(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert drivers.run(cfg)["echo"]["tag"] == "x"

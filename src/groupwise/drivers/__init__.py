@@ -39,6 +39,12 @@ import_members(__name__, __path__)
 
 def run(cfg: Any, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train ``cfg`` with the driver it selects (``driver:``, default ``single``)."""
-    from groupwise import catalog
+    import os
 
+    from groupwise import catalog
+    from groupwise.registry import ConfigError
+
+    why = catalog.refusal(cfg, "torchrun") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    if why:  # several processes are known only when the run starts, not when the recipe loads
+        raise ConfigError(f"driver: {why}")
     return catalog.build(cfg.driver)(DriverRun(cfg, resume, overwrite))

@@ -44,6 +44,7 @@ MODES = ("<NT>", "<SH>", "<LG>")
 FILLERS = ("well ", "ok ", "note ", "hmm ")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _FORMAT = re.compile(r"(<NT>|<SH>|<LG>)?(<think>[^<]*</think>)?<answer>[^<]+</answer>")
+_RESULT = re.compile(r"=(\d+);")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -231,6 +232,15 @@ class Lab:
 
     def format_ok(self, completion: str) -> bool:
         return _FORMAT.fullmatch(completion.strip()) is not None
+
+    def canonical_state(self, problem: Problem, partial: str) -> tuple[int, int] | None:
+        """The exact state a partial completion ending at a step boundary (``;``) has reached: (segments written,
+        the last written result), e.g. ``<think>3+5=8;8-2=6;`` -> (2, 6); None mid-step. Only the problem's own
+        chain is ever continued, so (index, running value) is all its future depends on (GraphPO's oracle)."""
+        if not partial.endswith(";"):
+            return None
+        results = _RESULT.findall(partial)
+        return (partial.count(";"), int(results[-1])) if results else None
 
 
 @TASKS.register("lab", config=LabConfig)
