@@ -387,16 +387,11 @@ def cascade_eval(players: list[Player], cfg: RunConfig, acfg: AgonConfig) -> tup
 
 
 def run_eval(players: list[Player], cfg: RunConfig, acfg: AgonConfig, session: Session, step: int) -> dict:
-    import json
-
     metrics, records = cascade_eval(players, cfg, acfg)
-    (cfg.run_dir / "eval").mkdir(parents=True, exist_ok=True)
-    write_atomic(cfg.run_dir / "eval" / f"step_{step}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    assert session.logger is not None
-    session.logger.log(step, metrics)
-    session.progress.note(f"[step_{step}] cascade ab {metrics['eval/cascade_ab_acc']:.3f}  ba "
-                          f"{metrics['eval/cascade_ba_acc']:.3f}  solo a {metrics['eval/solo_a_acc']:.3f}  "
-                          f"b {metrics['eval/solo_b_acc']:.3f}")
+    session.log_eval(step, f"step_{step}", metrics, records,
+                     f"[step_{step}] cascade ab {metrics['eval/cascade_ab_acc']:.3f}  ba "
+                     f"{metrics['eval/cascade_ba_acc']:.3f}  solo a {metrics['eval/solo_a_acc']:.3f}  "
+                     f"b {metrics['eval/solo_b_acc']:.3f}")
     return metrics
 
 

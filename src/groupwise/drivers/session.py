@@ -137,6 +137,15 @@ class Session:
         self.logger.log(step, metrics)
         self.progress.update(step, metrics)
 
+    def log_eval(self, step: int, tag: str, metrics: dict[str, float], records: list[dict], note: str) -> None:
+        """A held-out eval: its records to ``eval/<tag>.jsonl``, its metrics to the log, ``note`` to the console."""
+        out = self.run_dir / "eval"
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        assert self.logger is not None, "restore() opens the logger"
+        self.logger.log(step, metrics)
+        self.progress.note(note)
+
     def save(self, pipeline: Any, step: int) -> None:
         learner = pipeline.learner
         if not learner.sharded:  # replicas: bit-identical on every rank, or the run forked (FSDP: one copy)

@@ -11,7 +11,6 @@ resume, saving and signals live in ``session.py``.
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
@@ -22,7 +21,6 @@ from groupwise.drivers.session import Session, latest_model_dir  # noqa: F401  (
 from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.stats import advantage_metrics, group_metrics
 from groupwise.eval import evaluate
-from groupwise.log import write_atomic
 from groupwise.types import Group, ScoredBatch, TokenBatch
 
 
@@ -105,14 +103,9 @@ def _eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, float
                                 temperature=e.temperature, greedy=e.greedy, seed=p.cfg.seed,
                                 max_tokens=e.max_completion_tokens or p.cfg.rollout.max_completion_tokens,
                                 verify=p.reward.check)
-    out = p.cfg.run_dir / "eval"
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / f"{tag}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    assert session.logger is not None
-    session.logger.log(step, metrics)
-    session.progress.note(f"[{tag}] step {step}: mean@{e.k} {metrics.get('eval/mean_at_k', 0):.3f}  "
-                          f"greedy {metrics.get('eval/greedy_acc', float('nan')):.3f}  "
-                          f"len {metrics.get('eval/len_mean', 0):.1f}")
+    session.log_eval(step, tag, metrics, records, f"[{tag}] step {step}: mean@{e.k} "
+                     f"{metrics.get('eval/mean_at_k', 0):.3f}  greedy {metrics.get('eval/greedy_acc', float('nan')):.3f}  "
+                     f"len {metrics.get('eval/len_mean', 0):.1f}")
     return metrics
 
 
