@@ -9,8 +9,10 @@ term); 40 steps x 8 prompts; 48 completion tokens; lr 1e-4; held-out 128 problem
   agon         competitive, per-rollout opponents, roles alternating (the paper)
   cooperative  the challenger reads the draft but gets no rival bonus
   fixed_roles  competitive, player A always drafts
+  shared_opponent  competitive, every challenger answer of a group judged against one shared draft (added in a
+               second invocation with the same settings; the spec expects it ≈ cooperative)
 
-(``shared_opponent`` is implemented and unit-tested, but not run here: CPU budget.) 3 seeds. Reported:
+3 seeds. Reported:
 greedy pass@1 of GRPO's policy, and for each Agon arm the two-stage cascade (drafter → challenger reads the
 drafter's steps, last step and answer hidden, and answers) in both directions and their mean, each player
 alone, the challenger stage's own length, generated tokens, and the rate of rival bonuses over training
@@ -36,6 +38,7 @@ ARMS = {
     "agon": [*COMMON],
     "cooperative": [*COMMON, "driver.mode=cooperative"],
     "fixed_roles": [*COMMON, "driver.rotate_roles=false"],
+    "shared_opponent": [*COMMON, "driver.mode=shared_opponent"],
 }
 
 
