@@ -295,10 +295,7 @@ def open_players(cfg: RunConfig, acfg: AgonConfig, resume: bool, note) -> tuple[
         p = build(c, path)
         if path is not None:
             state = ckpt.load_state(path)
-            p.learner.optimizer.load_state_dict(state["optimizer"])
-            p.learner.scheduler.load_state_dict(state["scheduler"])
-            for key, part in p.stateful().items():
-                part.load_state_dict(state["components"][key])
+            p.load_trainer_state(state)
             counters = state["counters"]
         players.append(Player(c.name, c, p))
     lora = acfg.players == "lora"
@@ -313,9 +310,7 @@ def open_players(cfg: RunConfig, acfg: AgonConfig, resume: bool, note) -> tuple[
 
 def save(players: list[Player], step: int, counters: dict, acfg: AgonConfig) -> None:
     for pl in players:
-        lr = pl.pipe.learner
-        state = {"optimizer": lr.optimizer.state_dict(), "scheduler": lr.scheduler.state_dict(),
-                 "counters": dict(counters), "components": {k: v.state_dict() for k, v in pl.pipe.stateful().items()},
+        state = {**pl.pipe.trainer_state(), "counters": dict(counters),
                  "agon": {"mode": acfg.mode, "rotate_roles": acfg.rotate_roles, "players": acfg.players}}
         ckpt.save(pl.root, step, pl.pipe.policy, pl.pipe.tokenizer, state, pl.cfg.trainer.keep_last + 1)
 

@@ -283,15 +283,10 @@ class Client:
         return self.accuracy(self.pipe.task.test[:e.n_problems], k=e.k, temperature=e.temperature, greedy=e.greedy)
 
     def state_dict(self) -> dict[str, Any]:
-        learner = self.pipe.learner
-        return {"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
-                "components": {key: v.state_dict() for key, v in self.pipe.stateful().items()}}
+        return self.pipe.trainer_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pipe.learner.optimizer.load_state_dict(state["optimizer"])
-        self.pipe.learner.scheduler.load_state_dict(state["scheduler"])
-        for key, part in self.pipe.stateful().items():
-            part.load_state_dict(state["components"][key])
+        self.pipe.load_trainer_state(state)
 
 
 class InProcess:
@@ -367,10 +362,7 @@ class Loop:
 
     def save(self, fed, step: int) -> None:
         load_trainable(self.server.policy, self.state.weights)
-        learner, session = self.server.learner, self.session
-        state = {"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
-                 "counters": dict(session.counters),
-                 "components": {k: v.state_dict() for k, v in self.server.stateful().items()},
+        state = {**self.server.trainer_state(), "counters": dict(self.session.counters),
                  "federated": {**self.state.state_dict(), "clients": fed.states()}}
         ckpt.save(self.run.run_dir, step, self.server.policy, self.server.tokenizer, state,
                   self.run.trainer.keep_last)

@@ -115,10 +115,7 @@ class Session:
         if self.checkpoint is not None:
             state = ckpt.load_state(self.checkpoint)
             start, self.counters = state["step"], state["counters"]
-            pipeline.learner.load_optimizer(state["optimizer"])
-            pipeline.learner.scheduler.load_state_dict(state["scheduler"])
-            for key, part in pipeline.stateful().items():
-                part.load_state_dict(state["components"][key])
+            pipeline.load_trainer_state(state)
         if self.main:
             self.logger = Logger(self.run_dir, self.cfg.trainer.sinks, to_dict(self.cfg),
                                  start if self.checkpoint else None, note=self.progress.note)
@@ -153,9 +150,7 @@ class Session:
         weights, optimizer = learner.full_state()  # under FSDP: gathered to rank 0, every rank joins
         if not self.main:  # every rank holds the same state: rank 0 saves it
             return
-        state = {"optimizer": optimizer, "scheduler": learner.scheduler.state_dict(),
-                 "counters": dict(self.counters),
-                 "components": {k: v.state_dict() for k, v in pipeline.stateful().items()}}
+        state = {**pipeline.trainer_state(optimizer), "counters": dict(self.counters)}
         ckpt.save(self.run_dir, step, pipeline.policy, pipeline.tokenizer, state, self.cfg.trainer.keep_last,
                   weights=weights)
 

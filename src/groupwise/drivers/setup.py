@@ -184,6 +184,21 @@ class Pipeline:
         """A context in which the policy has its whole weights on every rank (FSDP; a no-op otherwise)."""
         return fsdp.full_weights(self.policy)
 
+    def trainer_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a checkpoint holds besides the weights: the optimizer state (``optimizer``: one already gathered,
+        under FSDP), the scheduler and every stateful part's state."""
+        learner = self.learner
+        return {"optimizer": learner.optimizer.state_dict() if optimizer is None else optimizer,
+                "scheduler": learner.scheduler.state_dict(),
+                "components": {k: v.state_dict() for k, v in self.stateful().items()}}
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        """The inverse of ``trainer_state``."""
+        self.learner.load_optimizer(state["optimizer"])
+        self.learner.scheduler.load_state_dict(state["scheduler"])
+        for key, part in self.stateful().items():
+            part.load_state_dict(state["components"][key])
+
     def stateful(self) -> dict[str, Any]:
         """Components whose state is checkpointed, by key (those registered ``stateful=True``)."""
         return {p.key: p.obj for p in self.parts if p.entry.stateful}
