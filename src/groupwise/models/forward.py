@@ -78,26 +78,34 @@ def shared_prefix_logprobs(model: torch.nn.Module, packed: Packed, prompts: list
     gradient is the sum over the rows), and the completions run on top of it. Equal to the unshared pass up to
     float summation order (``tests/unit/update/test_shared_prefix.py``); ``packed`` gives the completion layout."""
     dev = packed.input_ids.device
+    cache, first, attn = prefill(model, prompts, pad_id, dev)
+    t = packed.completion_ids.shape[1]
+    comp_attn = packed.attention_mask[:, packed.prompt_width:]
+    pos = attn.sum(-1, keepdim=True) + torch.arange(t, device=dev)
+    rest = model(input_ids=packed.completion_ids, attention_mask=torch.cat([attn, comp_attn], dim=1),
+                 position_ids=pos, use_cache=True, logits_to_keep=t, **{cache_keyword(model): cache})
+    # the prompt's last logits predict completion token 0; completion position j predicts token j+1
+    logits = torch.cat([first.unsqueeze(1), rest.logits[:, :-1]], dim=1)
+    return _from_logits(logits, packed, temperature, with_entropy, with_vocab)
+
+
+def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device) -> tuple[Any, Tensor, Tensor]:
+    """One forward per distinct prompt (left-padded), its KV cache expanded to one row per prompt given (an index:
+    differentiable, so under grad each distinct prompt's backward also runs once). Returns (cache, the last
+    prompt position's logits [B, V], the attention mask [B, W]); generation and ``shared_prefix_logprobs`` share it."""
     index: dict[tuple[int, ...], int] = {}
-    row = torch.tensor([index.setdefault(tuple(p.tolist()), len(index)) for p in prompts], device=dev)
+    row = torch.tensor([index.setdefault(tuple(p.tolist()), len(index)) for p in prompts], device=device)
     width = max(len(p) for p in index)
     ids = torch.full((len(index), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(index), width), dtype=torch.long)
     for u, p in enumerate(index):
         ids[u, width - len(p):], attn[u, width - len(p):] = torch.tensor(p), 1
-    ids, attn = ids.to(dev), attn.to(dev)
-    first = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-                  use_cache=True, logits_to_keep=1)
-    cache = first.get("cache") or first.get("past_key_values")
-    cache.batch_select_indices(row)  # one cache row per completion; differentiable (an index)
-    t = packed.completion_ids.shape[1]
-    comp_attn = packed.attention_mask[:, packed.prompt_width:]
-    pos = attn[row].sum(-1, keepdim=True) + torch.arange(t, device=dev)
-    rest = model(input_ids=packed.completion_ids, attention_mask=torch.cat([attn[row], comp_attn], dim=1),
-                 position_ids=pos, use_cache=True, logits_to_keep=t, **{cache_keyword(model): cache})
-    # the prompt's last logits predict completion token 0; completion position j predicts token j+1
-    logits = torch.cat([first.logits[:, -1:][row], rest.logits[:, :-1]], dim=1)
-    return _from_logits(logits, packed, temperature, with_entropy, with_vocab)
+    ids, attn = ids.to(device), attn.to(device)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True, logits_to_keep=1)
+    cache = out.get("cache") or out.get("past_key_values")
+    cache.batch_select_indices(row)  # one cache row per prompt given
+    return cache, out.logits[:, -1][row], attn[row]
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

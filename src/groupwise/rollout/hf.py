@@ -13,7 +13,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from groupwise.models.forward import cache_keyword
+from groupwise.models.forward import cache_keyword, prefill
 from groupwise.rollout import GENERATORS
 from groupwise.rollout.base import Request, SamplingParams, eos_ids
 from groupwise.types import Completion
@@ -64,23 +64,9 @@ class HFGenerator:
 
     def _prefill(self, reqs: list[Request]):
         """One forward per distinct prompt (left-padded), its cache expanded to one row per request."""
-        model, dev = self.model, next(self.model.parameters()).device
-        index: dict[tuple[int, ...], int] = {}
-        row_prompt = torch.tensor([index.setdefault(tuple(r.prompt_ids.tolist()), len(index)) for r in reqs])
-        prompts = list(index)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for u, p in enumerate(prompts):
-            ids[u, width - len(p):] = torch.tensor(p)
-            attn[u, width - len(p):] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        o = model(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev), use_cache=True,
-                  logits_to_keep=1)
-        cache = o.get("cache") or o.get("past_key_values")
-        cache.batch_select_indices(row_prompt.to(dev))  # expand to one cache row per request
-        attn = attn[row_prompt].to(dev)
-        return cache, o.logits[:, -1][row_prompt.to(dev)], attn, attn.sum(-1)  # logits [B, V]; next positions [B]
+        dev = next(self.model.parameters()).device
+        cache, logits, attn = prefill(self.model, [r.prompt_ids for r in reqs], self.pad_id, dev)
+        return cache, logits, attn, attn.sum(-1)  # logits [B, V]; next positions [B]
 
     @staticmethod
     def _pick(logits: Tensor, params: SamplingParams, rng: torch.Generator) -> tuple[Tensor, Tensor]:
