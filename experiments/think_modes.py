@@ -12,17 +12,22 @@ fits only for 1-2 operations); all arms share the task and model config, hence o
 
   grpo         plain GRPO (standard builder: the policy writes its own mode tag, no caps, no shaping;
                correctness reward, std-normalised advantage)
-  grpo_lg      GRPO forced to <LG> (the think_modes builder with only <LG> allowed, correctness reward)
-  think_modes  the method: mode token sampled after a 10-step forced warm-up, caps, think_mode reward,
-               dr_grpo + mode_balance (β_bal 0.1)
+  grpo_lg      GRPO forced to <LG> (the think_modes builder with only <LG> allowed, correctness reward), and
+               evaluated forced to <LG> (``eval.forced_prefix=<LG>``: every eval sample, greedy included, starts
+               with the prefilled tag, as in its training), so Long-only GRPO is judged on all 128 problems
+  think_modes  the method: mode token sampled after the forced warm-up, caps, think_mode reward,
+               dr_grpo + mode_balance (β_bal 0.1), the sampled mode token's loss weighted 4x (credit
+               ``mode_token_weight``, the spec's optional Thinkless-style knob)
 
-Held-out eval (128 problems, mean@4 at T=1, greedy) every 25 steps. The eval samples without per-mode caps;
-``mean@4 capped`` re-grades the same records with the caps (a completion longer than its mode's cap is
-wrong), which is what capped generation would give. Mode of a completion = its first tag.
+Held-out eval (128 problems, mean@4 at T=1, greedy) every 50 steps. The eval of think_modes and grpo samples
+the tag freely and without per-mode caps; ``mean@4 capped`` re-grades the same records with the caps (a
+completion longer than its mode's cap is wrong), which is what capped generation would give. Mode of a
+completion = its first tag.
 
-Budget: 3 arms x seeds x 50 steps, run one at a time with one torch thread (--jobs 1), seed-major order.
-grpo-s0 and grpo-s1 were first run for 100 steps; they are read at step 50 (constant lr, no warm-up: the state
-at step 50 of a longer run is the state a 50-step run ends in).
+Budget: the spec's RL run is 600 steps with a 45-step forced warm-up; this runs half of it, 300 steps, with
+the warm-up scaled by the same fraction (45/600 of the steps: 22 of 300; ``--steps N`` scales it too), for
+3 arms x 3 seeds, one at a time with one torch thread (--jobs 1), seed-major order. A 50-step run took
+~1.5 min on one thread, so the 9 runs take about 80 single-thread minutes.
 
 Usage: PYTHONPATH=src python experiments/think_modes.py --jobs 1 [--seeds 0 1 2] [--report-only]
 """
@@ -40,17 +45,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 RECIPE = "recipes/think_modes_lab.yaml"
-STEPS, EVAL_EVERY = 50, 25
+STEPS, EVAL_EVERY = 300, 50
+SPEC_STEPS, SPEC_WARMUP = 600, 45  # specs-01-08.md §2: RL 600 steps, forced warm-up 45
 MODES = ("<NT>", "<SH>", "<LG>")
 CAPS = {"<NT>": 8, "<SH>": 22, "<LG>": 39}  # as in the recipe (LG = max_completion_tokens - 1)
-COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]", f"eval.every={EVAL_EVERY}", f"trainer.steps={STEPS}"]
 GRPO = ["reward.terms=[{name: correctness}]", "advantage=grpo", "advantage_transforms=[]"]
-ARMS = {  # run in this order (the method and its spec baseline first)
-    "think_modes": COMMON,
-    "grpo_lg": [*COMMON, "rollout.builder={name: think_modes, modes: [<LG>], cap_sh: 22, warmup_steps: 0}", *GRPO],
-    "grpo": [*COMMON, "rollout.builder={name: standard}", *GRPO],
-}
 BUDGET = [STEPS]  # the step compared (set from --steps); longer runs are read at this step
+
+
+def warmup(steps: int) -> int:
+    """The spec's forced warm-up, 45 of 600 steps, scaled to ``steps`` (22 of 300)."""
+    return steps * SPEC_WARMUP // SPEC_STEPS
+
+
+def arms(steps: int) -> dict[str, list[str]]:
+    """Run in this order (the method and its spec baseline first)."""
+    common = ["trainer.save_every=0", "trainer.sinks=[jsonl]", f"eval.every={EVAL_EVERY}", f"trainer.steps={steps}"]
+    return {
+        "think_modes": [*common, f"rollout.builder.warmup_steps={warmup(steps)}",
+                        "credit=[{name: mode_token_weight, mode_token_loss_weight: 4.0}]"],
+        "grpo_lg": [*common, "rollout.builder={name: think_modes, modes: [<LG>], cap_sh: 22, warmup_steps: 0}",
+                    "eval.forced_prefix=<LG>", *GRPO],
+        "grpo": [*common, "rollout.builder={name: standard}", *GRPO],
+    }
 
 
 def mode_of(text: str) -> str:
@@ -68,8 +85,9 @@ def records(run: Path, step: int) -> list[dict]:
 
 
 def final_step(run: Path) -> int:
-    """The last eval step within the budget. The schedule is constant lr without warm-up, so a longer run's
-    state at step N is the state an N-step run ends in (earlier 100-step grpo runs are read at step N)."""
+    """The last eval step within the budget (a longer grpo or grpo_lg run is read at step N: constant lr without
+    warm-up, so its state there is the state an N-step run ends in; think_modes' forced warm-up scales with the
+    budget, so its runs of another budget are not comparable)."""
     return max(s for s in eval_steps(run) if s <= BUDGET[0])
 
 
@@ -168,28 +186,31 @@ def plots(runs: dict[str, list[Path]], out: Path) -> list[Path]:
 def main() -> None:
     args = harness.cli_args(__doc__.splitlines()[0])
     BUDGET[0] = args.steps or STEPS
+    plan = arms(BUDGET[0])
     if not args.report_only:  # seed-major order, so a cut-short experiment still has every arm at the early seeds
         for seed in args.seeds:
-            harness.run_arms("think_modes", RECIPE, ARMS, argparse.Namespace(**{**vars(args), "seeds": [seed]}))
-    runs = harness.run_arms("think_modes", RECIPE, ARMS, argparse.Namespace(**{**vars(args), "report_only": True}))
+            harness.run_arms("think_modes", RECIPE, plan, argparse.Namespace(**{**vars(args), "seeds": [seed]}))
+    runs = harness.run_arms("think_modes", RECIPE, plan, argparse.Namespace(**{**vars(args), "report_only": True}))
     out = Path(args.out) if args.out else harness.OUT / "think_modes"
     cols = ["mean@4", "mean@4 capped", "greedy", "length", "mode entropy", "share <NT>", "share <SH>",
             "share <LG>", "share invalid"]
     finals = {arm: [per_run(r) for r in dirs] for arm, dirs in runs.items()}
     rows = {arm: {c: harness.agg([f[c] for f in fs]) for c in cols} for arm, fs in finals.items()}
-    # the eval samples the mode tag freely; grpo_lg never trained its tag, so its policy "forced to <LG>" is read
-    # from its <LG>-tagged eval samples (the completion after <LG> is sampled from exactly pi(. | <LG>))
-    lg_only = [lg_samples(r) for r in runs["grpo_lg"]]
-    rows["grpo_lg, <LG> samples"] = {c: harness.agg([f[c] for f in lg_only]) for c in ("mean@4", "length")}
-    before = {c: harness.agg([per_run_before(r)[c] for r in runs["grpo"]]) for c in ("mean@4", "length")}
-    lines = [f"# Adaptive think modes on the lab: {len(args.seeds)} seeds x {args.steps or STEPS} steps\n",
-             "Final held-out eval (128 problems, 4 samples at T=1); mean ± std [min, max] over seeds.\n",
-             harness.table(rows, cols), f"\nWarm start (step 0): mean@4 {harness.fmt(before['mean@4'])}, "
-             f"length {harness.fmt(before['length'], 1)}.\n"]
-    ref = rows["grpo_lg, <LG> samples"]
+    # warm start, free tag (grpo's step-0 eval) and forced to <LG> (grpo_lg's step-0 eval)
+    before = {arm: {c: harness.agg([per_run_before(r)[c] for r in runs[arm]]) for c in ("mean@4", "length")}
+              for arm in ("grpo", "grpo_lg")}
+    lines = [f"# Adaptive think modes on the lab: {len(args.seeds)} seeds x {BUDGET[0]} steps\n",
+             "Final held-out eval (128 problems, 4 samples at T=1); mean ± std [min, max] over seeds. grpo_lg is "
+             "evaluated forced to <LG> (eval.forced_prefix), the others sample their tag.\n",
+             harness.table(rows, cols)]
+    for arm, what in (("grpo", "free tag"), ("grpo_lg", "forced <LG>")):
+        lines.append(f"\nWarm start (step 0, {what}): mean@4 {harness.fmt(before[arm]['mean@4'])}, "
+                     f"length {harness.fmt(before[arm]['length'], 1)}.")
+    ref = rows["grpo_lg"]
     lg = ref["length"]["mean"]
+    lines.append("")
     for arm in ("think_modes", "grpo"):
-        lines.append(f"- {arm}: length {100 * (rows[arm]['length']['mean'] / lg - 1):+.1f}% vs grpo_lg's <LG> samples; "
+        lines.append(f"- {arm}: length {100 * (rows[arm]['length']['mean'] / lg - 1):+.1f}% vs grpo_lg (forced <LG>); "
                      f"mean@4 {100 * (rows[arm]['mean@4']['mean'] - ref['mean@4']['mean']):+.1f} points "
                      f"(capped: {100 * (rows[arm]['mean@4 capped']['mean'] - ref['mean@4']['mean']):+.1f})")
     lines.append(f"- ln 3 = {math.log(3):.3f}; pass threshold 0.8·ln 3 = {0.8 * math.log(3):.3f}\n")
@@ -212,11 +233,6 @@ def main() -> None:
     lines.append("\nPlots: " + ", ".join(p.name for p in pngs))
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def lg_samples(run: Path) -> dict[str, float]:
-    recs = [r for r in records(run, final_step(run)) if mode_of(r["text"]) == "<LG>"]
-    return {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs)}
 
 
 def per_run_before(run: Path) -> dict[str, float]:

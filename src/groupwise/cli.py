@@ -83,7 +83,7 @@ def _eval(args) -> int:
     metrics, _ = evaluate(p.generator, p.tokenizer, p.task, list(p.task.test[:e.n_problems]), p.encode, k=e.k,
                           temperature=e.temperature, greedy=e.greedy, seed=cfg.seed,
                           max_tokens=e.max_completion_tokens or cfg.rollout.max_completion_tokens,
-                          verify=p.reward.check)
+                          verify=p.reward.check, forced_prefix=e.forced_prefix)
     if args.json:
         print(json.dumps(metrics, indent=1))
         return 0

@@ -261,6 +261,13 @@ class EvalConfig:
     greedy: bool = True
     max_completion_tokens: int = 0
     """0 means the rollout's cap."""
+    forced_prefix: str = ""
+    """Text prefilled after the prompt of every eval sample, greedy included ("": none), e.g. ``<LG>`` to judge
+    a think-modes policy in its Long mode. Tokenized without special tokens; it must decode back to itself and
+    leave room for one generated token (checked at build, ``eval/evaluate.py``). Its tokens are completion
+    tokens as a builder's forced prefix is in training: in each record's ``text``, counted in ``length`` and
+    toward ``max_completion_tokens``, never sampled. No per-mode cap applies (eval caps every sample at
+    ``max_completion_tokens``; for <LG> with ``cap_lg: 0`` that is the training cap)."""
 
     def __post_init__(self) -> None:
         _rules(self, ("every", lambda v: v >= 0, ">= 0 (0: only before and after)"),

@@ -273,7 +273,8 @@ class Client:
         p = self.pipe
         max_tokens = p.cfg.eval.max_completion_tokens or p.cfg.rollout.max_completion_tokens
         metrics, _ = evaluate(p.generator, p.tokenizer, p.task, list(problems), p.encode, seed=p.cfg.seed,
-                              max_tokens=max_tokens, verify=p.reward.check, **kw)
+                              max_tokens=max_tokens, verify=p.reward.check, forced_prefix=p.cfg.eval.forced_prefix,
+                              **kw)
         return metrics
 
     def evaluate(self, weights: Weights) -> dict[str, float]:

@@ -25,6 +25,7 @@ from groupwise.credit import Credit
 from groupwise.drivers import workers
 from groupwise.drivers.record import Recorder
 from groupwise.drivers.workers import ShardRunner
+from groupwise.eval.evaluate import forced_prefix_ids
 from groupwise.filter import Filter
 from groupwise.models import fsdp, lora
 from groupwise.models.forward import completion_logprobs, pack
@@ -262,6 +263,8 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
         torch.set_num_threads(cfg.trainer.threads)
     task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
     policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress)
+    e = cfg.eval  # a bad eval.forced_prefix fails here, not at the first eval
+    forced_prefix_ids(tokenizer, e.forced_prefix, e.max_completion_tokens or cfg.rollout.max_completion_tokens)
     env = BuildEnv(run=cfg, seed=cfg.seed, task=task, policy=policy, tokenizer=tokenizer, initial_policy=initial,
                    encode=lambda p: encode(p, tokenizer, cfg.model.chat_template))
     parts: list[Part] = []

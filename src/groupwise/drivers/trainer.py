@@ -102,7 +102,7 @@ def _eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, float
     metrics, records = evaluate(p.generator, p.tokenizer, p.task, problems, p.encode, k=e.k,
                                 temperature=e.temperature, greedy=e.greedy, seed=p.cfg.seed,
                                 max_tokens=e.max_completion_tokens or p.cfg.rollout.max_completion_tokens,
-                                verify=p.reward.check)
+                                verify=p.reward.check, forced_prefix=e.forced_prefix)
     session.log_eval(step, tag, metrics, records, f"[{tag}] step {step}: mean@{e.k} "
                      f"{metrics.get('eval/mean_at_k', 0):.3f}  greedy {metrics.get('eval/greedy_acc', float('nan')):.3f}  "
                      f"len {metrics.get('eval/len_mean', 0):.1f}")

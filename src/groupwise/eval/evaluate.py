@@ -6,6 +6,10 @@ of the k samples), ``pass_at_1``, ``pass_at_k``, ``maj_at_k``, ``greedy_acc``, `
 (verifier exceptions and timeouts, which score incorrect), and per difficulty d
 ``mean_at_k/d<d>`` and ``len_mean/d<d>``. Records are one dict per sample (problem id, difficulty, greedy flag,
 text, answer, correct, length, finish reason) for method-specific diagnostics.
+
+``forced_prefix`` (``eval.forced_prefix``) is prefilled after every prompt, greedy included; like a training
+prefix its tokens are part of the completion (the record's ``text`` starts with it, ``length`` counts it, and
+it counts toward ``max_tokens``). "" (the default) asks the generator exactly what it was asked before.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections import defaultdict
 import torch
 
 from groupwise.eval.metrics import majority_correct, pass_at_k
+from groupwise.registry import ConfigError
 from groupwise.rewards.stage import call_with_timeout, verdict
 from groupwise.rollout.base import Request, SamplingParams
 from groupwise.tasks.base import stable_seed
@@ -30,12 +35,27 @@ def _correct(verify, problem: Problem, text: str) -> tuple[bool, bool]:
         return False, True
 
 
+def forced_prefix_ids(tokenizer, text: str, max_tokens: int) -> tuple[int, ...]:
+    """The token ids of ``eval.forced_prefix``; refused (one line naming the key) when they do not decode back
+    to ``text`` (unknown characters, special tokens that decoding drops) or leave no token to generate."""
+    ids = tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
+    back = tokenizer.decode(list(ids), skip_special_tokens=True)
+    if ids and back != text:
+        raise ConfigError(f"eval.forced_prefix={text!r}: its tokens decode to {back!r}; use text the tokenizer keeps")
+    if len(ids) >= max_tokens:
+        raise ConfigError(f"eval.forced_prefix={text!r}: {len(ids)} tokens leave none of the eval's {max_tokens} "
+                          "completion tokens to generate")
+    return ids
+
+
 def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: int, temperature: float,
-             max_tokens: int, greedy: bool = True, seed: int = 0, verify=None, timeout_s: float = 5.0):
+             max_tokens: int, greedy: bool = True, seed: int = 0, verify=None, timeout_s: float = 5.0,
+             forced_prefix: str = ""):
     """``verify(problem, text) -> bool`` (raising on failure) is the run's (``RewardStage.check``); without one,
     ``task.verify`` under a ``timeout_s`` alarm, its verdict required to be a bool."""
     if verify is None:
         verify = lambda p, t: verdict(call_with_timeout(lambda: task.verify(p, t), timeout_s))  # noqa: E731
+    prefix = forced_prefix_ids(tokenizer, forced_prefix, max_tokens)
     prompts = [encode(p) for p in problems]
     rng = torch.Generator().manual_seed(stable_seed("eval", seed))
     records = []
@@ -43,7 +63,7 @@ def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: 
     if greedy:
         passes.append(("greedy", 1, SamplingParams(max_tokens, 0.0)))
     for kind, n, params in passes:
-        outs = generator.generate([Request(pr) for pr in prompts for _ in range(n)], params, rng)
+        outs = generator.generate([Request(pr, prefix) for pr in prompts for _ in range(n)], params, rng)
         for i, p in enumerate(problems):
             for c in outs[i * n:(i + 1) * n]:
                 text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
