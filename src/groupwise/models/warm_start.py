@@ -1,7 +1,9 @@
 """The SFT warm start for embedded models: packaged for every recipe's setting, else built and cached.
 
 Key = sha256 of (preset, task name, the task config's fields that differ from their defaults, steps, lr,
-batch, format version): adding a field with a default to a task config does not change existing keys. The
+batch, format version): adding a field with a default to a task config does not change existing keys, and a
+field declared ``metadata={"warm_start": False}`` (it changes RL problems, not the SFT traces: the lab's
+``label_noise``) is left out, so such a setting shares the clean setting's warm start. The
 cache lives in ``$GROUPWISE_CACHE`` (default ``~/.cache/groupwise``)/warm_start/<preset>-<key>; it is written
 to a temporary directory and renamed into place, under a file lock, so concurrent runs build it once.
 
@@ -50,10 +52,11 @@ def packaged_root() -> Path:
 
 
 def non_default(cfg) -> dict:
-    """The config's fields whose values differ from the dataclass defaults (required fields always)."""
+    """The config's fields whose values differ from the dataclass defaults (required fields always), without
+    those declared ``metadata={"warm_start": False}``."""
     out = {}
     for f in dataclasses.fields(cfg):
-        if not f.init:
+        if not f.init or f.metadata.get("warm_start", True) is False:
             continue
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         default = f.default if f.default is not dataclasses.MISSING else (

@@ -1,6 +1,11 @@
-"""``correctness`` (the verifier's verdict as 0/1) and ``format`` (the task's structure check as 0/1)."""
+"""``correctness`` (the verifier's verdict as 0/1), ``format`` (the task's structure check as 0/1) and
+``correct_on`` (the verdict on the problems whose gold label a task corrupted, or on the others: a diagnostic).
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Literal
 
 from groupwise.registry import NoConfig
 from groupwise.rewards import REWARDS
@@ -24,3 +29,25 @@ def correctness(cfg: NoConfig, env):
 @REWARDS.register("format", config=NoConfig)
 def format_(cfg: NoConfig, env):
     return per_sample(lambda s, p: env.task.format_ok(s.text))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CorrectOnConfig:
+    labels: Literal["corrupted", "clean"] = "corrupted"
+    """Which problems the term applies to: those whose gold answer the task corrupted (``Problem.meta`` has
+    ``clean_answer``, the lab's ``label_noise``) or the others."""
+
+
+@REWARDS.register("correct_on", config=CorrectOnConfig, label=lambda cfg: f"correct_on_{cfg.labels}")
+def correct_on(cfg: CorrectOnConfig, env):
+    """The verifier's verdict (0/1, against the label the task gives, corrupted or not) on the chosen problems,
+    None on the others. Listed with weight 0 it only logs: ``reward/correct_on_corrupted`` rising is the policy
+    fitting the label noise, and ``reward/correct_on_clean_none_frac`` is the step's share of samples on
+    corrupted problems."""
+    corrupted = cfg.labels == "corrupted"
+
+    def term(groups: list[Group], step: int) -> list[list[float | None]]:
+        return [[float(s.correct) if ("clean_answer" in g.problem.meta) == corrupted else None for s in g.samples]
+                for g in groups]
+
+    return term

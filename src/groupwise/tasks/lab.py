@@ -26,6 +26,16 @@ Reference solutions (``Problem.reference``) are always clean long traces. ``env_
 ``verify`` to simulate a per-rollout environment call (a tool round trip). ``p_early_exit`` mixes in traces
 that answer after a partial clean prefix (value estimates for RREDCoT); ``privileged_frac`` mixes
 warm-start examples shown with the problem's reference solution in the prompt (for privileged teachers).
+
+``label_noise`` corrupts the gold answer of a share of TRAINING problems (the J_Q noise trade-off): the
+verifier then rewards the corrupted answer on them. Whether a problem is corrupted, and how, is a function of
+its prompt text alone (``stable_seed("lab-label-noise", prompt)``), so the same chain always carries the same
+wrong label, in every seed and at every index: a fixed noisy dataset over the procedural stream. The wrong label
+is the true value off by one, ``(gold ± 1) mod modulus`` (sign drawn per problem): plausible, never the gold.
+The corrupted set at a smaller rate is a subset of that at a larger one. Only ``answer`` changes
+(``meta["clean_answer"]`` keeps the gold; the reference trace and ``meta["xs"/"ops"]`` stay clean), held-out
+problems are never corrupted, and the warm start's SFT traces are drawn from clean problems, so the warm start
+does not depend on ``label_noise`` (the field is left out of its cache key).
 """
 
 from __future__ import annotations
@@ -73,6 +83,9 @@ class LabConfig:
     """Share of warm-start examples shown with a privileged context (the problem plus its clean reference
     trace, ``teachers.models.PRIVILEGED_CONTEXT``) whose target is that clean trace: the warm-started model then
     knows how to use a verified solution, so a privileged teacher knows more than the flawed student."""
+    label_noise: float = dataclasses.field(default=0.0, metadata={"warm_start": False})
+    """Share of training problems whose gold answer is corrupted to ``(gold ± 1) mod modulus``, in [0, 1) (see
+    the module docstring); held-out problems and the warm start stay clean."""
 
     def __post_init__(self) -> None:
         if not self.ops or set(self.ops) - set(_OPS):
@@ -84,6 +97,9 @@ class LabConfig:
         for f in ("p_slip", "p_wrap_slip", "p_fix", "p_drift", "p_filler", "p_early_exit", "privileged_frac"):
             if not 0.0 <= getattr(self, f) <= 1.0:
                 raise ValueError(f"{f}={getattr(self, f)}: a probability in [0, 1]")
+        if not 0.0 <= self.label_noise < 1.0:
+            raise ValueError(f"label_noise={self.label_noise}: allowed [0, 1) (the share of training problems whose "
+                             "gold answer is corrupted)")
         if self.max_checks < 0 or self.check_correct_bonus < 0 or self.test_size < 1 or self.env_latency_s < 0:
             raise ValueError("max_checks, check_correct_bonus, env_latency_s must be >= 0 and test_size >= 1")
 
@@ -124,11 +140,23 @@ class Lab:
 
     # ---------------------------------------------------------------------------------- problems
     def _train_item(self, i: int) -> Problem:
+        p = self._clean_item(i)
+        return self._corrupt(p) if self.cfg.label_noise else p
+
+    def _clean_item(self, i: int) -> Problem:
         rng = random.Random(stable_seed("lab-train", self.seed, i))
         while True:  # held-out problems never appear in training
             p = self._problem("train", i, rng)
             if p.prompt not in self._test_keys:
                 return p
+
+    def _corrupt(self, p: Problem) -> Problem:
+        """``p`` with its gold answer off by one, on the ``label_noise`` share of prompts (fixed per prompt)."""
+        rng = random.Random(stable_seed("lab-label-noise", p.prompt))
+        if rng.random() >= self.cfg.label_noise:
+            return p
+        wrong = (int(p.answer) + rng.choice((-1, 1))) % self.cfg.modulus
+        return dataclasses.replace(p, answer=str(wrong), meta={**p.meta, "clean_answer": p.answer})
 
     def _problem(self, split: str, i: int, rng: random.Random, k: int | None = None) -> Problem:
         c = self.cfg
@@ -202,7 +230,7 @@ class Lab:
 
         out = []
         for _ in range(n):
-            p = self.train[rng.randrange(len(self.train))]
+            p = self._clean_item(rng.randrange(len(self.train)))  # the warm start never sees corrupted labels
             if self.cfg.privileged_frac and rng.random() < self.cfg.privileged_frac:  # no draw at 0: same stream
                 out.append((privileged_problem(p, PRIVILEGED_CONTEXT), p.reference))
                 continue

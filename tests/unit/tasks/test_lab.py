@@ -131,3 +131,84 @@ def test_early_exit_examples_answer_after_a_clean_prefix():
         assert think.count(";") < 3 and "so " not in think  # 0..2 of the 3 steps, no commitment
     assert Lab(LabConfig()).sft_examples(random.Random(1), 20) == \
         Lab(LabConfig(p_early_exit=0.0)).sft_examples(random.Random(1), 20)
+
+
+NOISY = dict(ops="+", min_steps=3, max_steps=3, test_size=64)
+
+
+def test_label_noise_share_is_within_a_binomial_bound_and_fixed_per_prompt():
+    lab = Lab(LabConfig(**NOISY, label_noise=0.2), seed=0)
+    n = 4000
+    problems = [lab.train[i] for i in range(n)]
+    corrupted = [p for p in problems if "clean_answer" in p.meta]
+    # Binomial(4000, 0.2): sd = sqrt(4000 * 0.2 * 0.8) = 25.3; 4 sd = 101 problems
+    assert abs(len(corrupted) - 0.2 * n) < 4 * (n * 0.2 * 0.8) ** 0.5
+    for p in corrupted:  # off by one mod 10, never the gold; the reference and the chain stay clean
+        assert p.answer != p.meta["clean_answer"]
+        assert (int(p.answer) - int(p.meta["clean_answer"])) % 10 in (1, 9)
+        assert p.reference.endswith(f"<answer>{p.meta['clean_answer']}</answer>")
+    assert {(int(p.answer) - int(p.meta["clean_answer"])) % 10 for p in corrupted} == {1, 9}
+    # deterministic: the same index, another task object, another seed's stream: the same label per prompt
+    again = Lab(LabConfig(**NOISY, label_noise=0.2), seed=0)
+    assert [(p.prompt, p.answer) for p in problems[:500]] == [(again.train[i].prompt, again.train[i].answer)
+                                                              for i in range(500)]
+    label = {p.prompt: p.answer for p in problems}
+    other = Lab(LabConfig(**NOISY, label_noise=0.2), seed=7)
+    shared = [q for q in (other.train[i] for i in range(2000)) if q.prompt in label]
+    assert len(shared) > 100 and all(q.answer == label[q.prompt] for q in shared)
+    # nested: the prompts corrupted at 0.1 are a subset of those corrupted at 0.2
+    low = Lab(LabConfig(**NOISY, label_noise=0.1), seed=0)
+    assert {low.train[i].prompt for i in range(n) if "clean_answer" in low.train[i].meta} < {p.prompt for p in corrupted}
+
+
+def test_label_noise_never_touches_held_out_problems_or_the_warm_start():
+    from groupwise.config import load
+    from groupwise.models.warm_start import warm_start_key
+
+    clean, noisy = Lab(LabConfig(**NOISY), seed=0), Lab(LabConfig(**NOISY, label_noise=0.5), seed=0)
+    assert noisy.test == clean.test and not any("clean_answer" in p.meta for p in noisy.test)
+    assert all(noisy.verify(p, p.reference) for p in noisy.test)
+    assert noisy.sft_examples(random.Random(4), 200) == clean.sft_examples(random.Random(4), 200)
+    m = load(None).model
+    assert warm_start_key("lab-tiny", noisy, m) == warm_start_key("lab-tiny", clean, m)
+
+
+def test_the_verifier_rewards_the_corrupted_label_not_the_clean_one():
+    lab = Lab(LabConfig(**NOISY, label_noise=0.2), seed=0)
+    p = next(q for q in (lab.train[i] for i in range(200)) if "clean_answer" in q.meta)
+    assert lab.verify(p, f"<answer>{p.answer}</answer>")
+    assert not lab.verify(p, f"<answer>{p.meta['clean_answer']}</answer>")
+    assert not lab.verify(p, p.reference)  # the clean trace ends at the clean gold
+
+
+def test_label_noise_zero_leaves_the_problems_identical():
+    default, zero = Lab(LabConfig(**NOISY), seed=3), Lab(LabConfig(**NOISY, label_noise=0.0), seed=3)
+    for i in range(300):
+        a, b = default.train[i], zero.train[i]
+        assert a == b and a.meta == b.meta and "clean_answer" not in a.meta
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
+def test_label_noise_outside_its_range_is_one_line_naming_the_key(value):
+    with pytest.raises(ValueError, match=r"^label_noise=.*allowed \[0, 1\)[^\n]*$"):
+        LabConfig(label_noise=value)
+
+
+def test_correct_on_splits_the_verdict_by_corrupted_and_clean_labels():
+    import torch
+
+    from groupwise.rewards.basic import CorrectOnConfig, correct_on
+    from groupwise.types import Group, Sample
+
+    lab = Lab(LabConfig(**NOISY, label_noise=0.2), seed=0)
+    items = [lab.train[i] for i in range(200)]
+    bad = next(p for p in items if "clean_answer" in p.meta)
+    good = next(p for p in items if "clean_answer" not in p.meta)
+
+    def sample(correct):
+        return Sample(prompt_ids=torch.tensor([1]), completion_ids=torch.tensor([2]), rollout_logprobs=torch.zeros(1),
+                      loss_mask=torch.ones(1, dtype=torch.bool), finish_reason="stop", correct=correct)
+
+    groups = [Group(bad, [sample(True), sample(False)]), Group(good, [sample(False), sample(True)])]
+    assert correct_on(CorrectOnConfig(labels="corrupted"), None)(groups, 0) == [[1.0, 0.0], [None, None]]
+    assert correct_on(CorrectOnConfig(labels="clean"), None)(groups, 0) == [[None, None], [0.0, 1.0]]
