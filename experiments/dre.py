@@ -10,7 +10,11 @@ Setting: recipes/dre_lab.yaml: lab with ``p_wrap_slip: 0.6`` (headroom), ``max_c
 ``chk <last step>;`` re-checks after the commitment ``so X.`` and ``check_correct_bonus: 1`` (a trace that
 ends correct may carry one more: successful rollouts overthink a bit more), 112 completion tokens.
 
-  dre   GRPO + DRE (replace mode, tau_abs 4, tau_rel 0.1, at most G/2 edits per group)
+  dre        GRPO + DRE (replace mode, tau_abs 4, tau_rel 0.1, at most G/2 edits per group; text detector, copy)
+  dre_probe  the same with the probe detector (greedy forced answer after ``</think><answer>`` at every ``;``/``.``
+             boundary, 8 tokens; its probe tokens are in ``gen tokens``)
+  dre_regen  the same with ``answer_mode: regen`` (the answer section resampled after the early ``</think>``,
+             16 tokens)
   grpo  plain GRPO, not rerun here: experiments/out/qlpo/grpo-s{0,1,2} (experiments/qlpo.py's baseline) has
         the identical resolved config apart from its step count (120) and eval cadence (every 20) and no
         transform; the schedule is constant lr without warm-up and nothing else depends on the step count,
@@ -22,7 +26,7 @@ tokens between the first ``so X.`` whose X is the (correct) final answer and ``<
 answers; pre-emergence = tokens from ``<think>`` to that commitment. Training diagnostics (rollouts as
 generated, before editing) are logged by the dre transform, so only the dre arm has them.
 
-Budget: 3 seeds x 40 steps of the dre arm (``--steps 100``: the longer run), run one at a time with one torch thread (--jobs 1).
+Budget: 3 seeds x 40 steps of each dre arm (``--steps 100``: the longer run), run one at a time with one torch thread (--jobs 1).
 
 Usage: PYTHONPATH=src python experiments/dre.py --jobs 1 [--seeds 0 1 2] [--report-only]
 """
@@ -43,7 +47,10 @@ from groupwise.rollout.dre import DREConfig, find_span  # noqa: E402
 RECIPE = "recipes/dre_lab.yaml"
 STEPS, EVAL_EVERY = 40, 20
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]", f"eval.every={EVAL_EVERY}", f"trainer.steps={STEPS}"]
-ARMS = {"dre": COMMON}
+DRE = "rollout.transforms=[{name: dre, tau_abs: 4, tau_rel: 0.1, mode: replace"
+ARMS = {"dre": COMMON,
+        "dre_probe": [*COMMON, DRE + ", detector: probe, probe_max_tokens: 8}]"],
+        "dre_regen": [*COMMON, DRE + ", answer_mode: regen, regen_max_tokens: 16}]"]}
 BASELINE = harness.OUT / "qlpo"  # grpo-s<seed>: plain GRPO on the identical config, read at step N
 BUDGET = [STEPS]
 TOK = build_tokenizer()

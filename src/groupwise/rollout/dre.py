@@ -8,18 +8,36 @@ successful rollout that keeps thinking after its answer, y' = y[:t*] ⊕ c ⊕ z
     (``commit_pattern``, the lab's ``so X.``) whose X the task verifies as the gold answer
     (``ctx.task.verify(problem, answer_template.format(X))``). Earlier commitments to wrong values do not
     count; a trace whose correct answer first appears at ``</think>`` has no tail.
+  * Detector (``probe``, the spec's option): a step boundary is the end of each ``boundary_pattern`` match
+    inside the thinking span (default ``[;.]``: the lab's steps end with ``;``, its commitment ``so X.`` with
+    ``.``), rounded up to the end of the token that holds it; ``</think>`` itself is not a boundary. At each
+    boundary b of a correct rollout the policy greedily decodes (T=0, ``probe_max_tokens``, stopping at the
+    answer template's closing text) after prompt ⊕ y[:b] ⊕ ``probe_suffix`` (default ``</think>`` + the
+    template's opening, the lab's ``</think><answer>``), and suffix ⊕ decoded text goes to the verifier. t* is
+    the first boundary whose forced answer verifies together with the next ``m_stable`` − 1 boundaries'
+    (default 1). All probes of a call are one generator call (``ctx.rng("dre/probe")``); only boundaries that
+    could start an eligible tail (and the m_stable − 1 after them) are probed, since a later t* is ineligible
+    anyway. Cost: ``rollout/dre_probes`` rows and ``rollout/dre_probe_tokens`` decoded tokens per step; they go
+    through ``ctx.generator``, so the trainer's ``perf/gen_tokens`` (and ``perf/prompt_tokens``) count them.
+    A policy whose forced answer turns right exactly at the verified commitment gives the text detector's
+    edits (test). Scoring the gold answer's likelihood instead of decoding is not built.
   * Eligible iff correct, and L_tail = (tokens from t* to ``</think>``) ≥ max(τ_abs, τ_rel · L_think), with
     L_think the tokens between ``<think>`` and ``</think>``.
   * Edit (``copy`` answer mode): c = the original ``</think>`` token and z = the original answer section, so
     y' is y with the tail tokens y[t*:think_end] deleted. y' is scored with ``ctx.score`` (every reward
     term) and kept only if the verifier accepts it; otherwise the original stays unedited.
+  * Edit (``regen`` answer mode): c = ``think_close`` (tokenized alone, forced) and z ~ π_old(· | prompt ⊕ y[:t*]
+    ⊕ c), sampled at the run's temperature / top-p / stop strings, capped at ``regen_max_tokens`` and at what
+    ``rollout.max_completion_tokens`` leaves; one generator call for all chosen edits (``ctx.rng("dre/regen")``),
+    ``rollout/dre_regen_tokens`` per step (also in ``perf/gen_tokens``). Scored and verified as in copy mode.
   * ``replace`` (default): y' takes y's place. Its reward equals y's under a correctness reward, so every
     advantage is unchanged; the prefix keeps its credit, the early ``</think>`` earns it, the tail earns none.
   * ``append_margin``: y' is appended (the group grows to G + n_edit) and the original's reward drops by δ
     (1 → 1 − δ for 0/1 rewards, ``meta["dre_margin"] = −δ``); advantages are computed by the engine after
     transforms, over the augmented group, so A(y') > A(y) > A(failures).
-  * Log-probs: the prefix keeps its ``rollout_logprobs``; the edited tokens (c, z), which the generator never
-    sampled in this context, carry NaN, and the whole row gets ``old_logprobs = None``. The update then
+  * Log-probs: the prefix keeps its ``rollout_logprobs``; the edited tokens the generator never sampled in this
+    context (c, and z in copy mode) carry NaN, a regenerated z the sampler's own log-probs, and the whole row
+    gets ``old_logprobs = None``. The update then
     uses the current policy's detached log-probs from its first forward pass as the PPO denominator. Those
     weights are π_old (no optimizer step has happened yet this RL step), so this is exactly the spec's
     "recompute ℓ_old with one teacher-forced pass of π_old", with ρ = 1 at the first epoch, and costs no
@@ -35,12 +53,14 @@ Metrics (per step, ``metrics()``): ``rollout/dre_edited_frac`` (edited / all rol
 mean tokens between the first commitment (any value) and ``</think>`` of correct / incorrect rollouts, with
 ``rollout/dre_ot_correct`` / ``_incorrect`` the same as a share of the thinking span (OT). Measured on the
 rollouts as generated, before editing.
-Not implemented (spec options): the probe detector and ``regen`` answer mode (the lab's text commitment is
-exact); stateful reward terms see the edited samples scored as an extra call.
+Not implemented (spec options): the spec's ``rethink_budget`` (regenerating a shortened thinking instead of
+deleting it) and the probe's gold-answer scoring variant; stateful reward terms see the edited samples scored
+as an extra call.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import re
@@ -49,8 +69,8 @@ from typing import Literal
 import torch
 
 from groupwise.rollout import TRANSFORMS
-from groupwise.rollout.base import RolloutContext, verified
-from groupwise.types import Group, Problem, Sample
+from groupwise.rollout.base import Request, RolloutContext, verified
+from groupwise.types import Completion, Group, Problem, Sample
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,6 +92,20 @@ class DREConfig:
     """How a candidate is shown to the task's verifier."""
     think_open: str = "<think>"
     think_close: str = "</think>"
+    detector: Literal["text", "probe"] = "text"
+    """How t* is found: ``text`` (first verified commitment) or ``probe`` (a forced answer at each step boundary)."""
+    boundary_pattern: str = r"[;.]"
+    """probe: a step boundary is the end of each match inside the thinking span (lab: ``…;`` steps, ``so X.``)."""
+    m_stable: int = 1
+    """probe: t* is the first boundary whose forced answer, and those of the next m_stable − 1, verify."""
+    probe_max_tokens: int = 16
+    """probe: the greedy answer's token cap."""
+    probe_suffix: str | None = None
+    """probe: the answer-forcing suffix; None means think_close + answer_template's text before '{}'."""
+    answer_mode: Literal["copy", "regen"] = "copy"
+    """z: the original answer section (``copy``) or a fresh sample after y[:t*] ⊕ think_close (``regen``)."""
+    regen_max_tokens: int = 32
+    """regen: the answer's token cap (cut further so the row stays within the run's completion cap)."""
 
     def __post_init__(self) -> None:
         if self.tau_abs < 0 or self.tau_rel < 0 or not 0 < self.delta < 1 or not 0 <= self.p_edit <= 1:
@@ -81,6 +115,22 @@ class DREConfig:
             raise ValueError(f"max_edits_per_group={self.max_edits_per_group}: must be >= 0 (or null for G/2)")
         if re.compile(self.commit_pattern).groups < 1 or "{}" not in self.answer_template:
             raise ValueError("commit_pattern needs one capture group and answer_template one '{}'")
+        try:
+            re.compile(self.boundary_pattern)
+        except re.error as e:
+            raise ValueError(f"boundary_pattern={self.boundary_pattern!r}: allowed a regex ({e})") from None
+        for name, allowed in (("detector", ("text", "probe")), ("answer_mode", ("copy", "regen"))):
+            if getattr(self, name) not in allowed:  # the loader checks the Literal; this covers direct construction
+                raise ValueError(f"{name}={getattr(self, name)!r}: allowed {', '.join(allowed)}")
+        for name in ("m_stable", "probe_max_tokens", "regen_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: allowed >= 1")
+
+    @property
+    def suffix(self) -> str:
+        """The probe's answer-forcing suffix (lab: ``</think><answer>``)."""
+        return self.probe_suffix if self.probe_suffix is not None else \
+            self.think_close + self.answer_template.split("{}", 1)[0]
 
 
 @dataclasses.dataclass
@@ -134,13 +184,23 @@ def token_index(ends: list[int], char: int) -> int | None:
     return None
 
 
+def token_ceil(ends: list[int], char: int) -> int:
+    """The number of tokens up to and including the one that holds character ``char − 1`` (rounds a boundary
+    inside a token up to that token's end)."""
+    return bisect.bisect_left(ends, char) + 1
+
+
 @dataclasses.dataclass
 class Edit:
     index: int  # sample index in the group
-    t_star: int  # tokens kept before the closing cue
     think_end: int  # token index of the closing tag
     l_think: int
-    tail: int
+    t_star: int | None = None  # tokens kept before the closing cue (None: no answer emerged)
+    boundaries: list[int] = dataclasses.field(default_factory=list)  # probe: token counts at step boundaries
+
+    @property
+    def tail(self) -> int:
+        return self.think_end - self.t_star
 
 
 class DRE:
@@ -155,62 +215,135 @@ class DRE:
             self._step, self._sums = ctx.step, {}
         rng = ctx.rng("dre")
         cap = cfg.max_edits_per_group if cfg.max_edits_per_group is not None else max(ctx.group_size // 2, 1)
-        for grp in groups:
-            eligible = []
-            for j, s in enumerate(grp.samples):
-                edit = self._analyse(s, grp.problem, j, ctx)
-                if edit is not None and s.correct and edit.tail >= max(cfg.tau_abs, cfg.tau_rel * edit.l_think) \
-                        and edit.tail > 0:
-                    eligible.append(edit)
+        found = [[self._analyse(s, grp.problem, j, ctx) for j, s in enumerate(grp.samples)] for grp in groups]
+        if cfg.detector == "probe":
+            self._probe(groups, found, ctx)
+        picks = []
+        for grp, edits in zip(groups, found):
+            eligible = [e for e in edits if e is not None and e.t_star is not None and grp.samples[e.index].correct
+                        and e.tail >= self._min_tail(e) and e.tail > 0]
             self._add("eligible", len(eligible))
             draws = torch.rand(len(eligible), generator=rng).tolist()
             chosen = [e for e, u in zip(eligible, draws) if u < cfg.p_edit]
             if len(chosen) > cap:
                 keep = torch.randperm(len(chosen), generator=rng)[:cap].sort().values.tolist()
                 chosen = [chosen[k] for k in keep]
+            picks.append(chosen)
+        answers = self._regen(groups, picks, ctx) if cfg.answer_mode == "regen" else None
+        for k, (grp, chosen) in enumerate(zip(groups, picks)):
             if chosen:
-                self._apply(grp, chosen, ctx)
+                self._apply(grp, chosen, answers[k] if answers else None, ctx)
         return groups
 
+    def _min_tail(self, e: Edit) -> float:
+        return max(self.cfg.tau_abs, self.cfg.tau_rel * e.l_think)
+
     def _analyse(self, s: Sample, problem: Problem, j: int, ctx: RolloutContext) -> Edit | None:
-        """Detect the answer emergence of one rollout and log the tail diagnostics."""
-        def is_gold(x: str) -> bool:
-            return verified(ctx, problem, self.cfg.answer_template.format(x))
+        """Locate the thinking span of one rollout, log the tail diagnostics, and (text detector) find t*."""
+        cfg, probe = self.cfg, self.cfg.detector == "probe"
+
+        def is_gold(x: str) -> bool:  # the probe detector needs no verified commitment: spare the verifier
+            return not probe and verified(ctx, problem, cfg.answer_template.format(x))
 
         self._add("n", 1)
-        span = find_span(s.text, is_gold, self.cfg)
-        if span is None or span.first_commit_end is None:
+        span = find_span(s.text, is_gold, cfg)
+        if span is None or (span.first_commit_end is None and not (probe and s.correct)):
             return None
         ends = char_ends(s.completion_ids.tolist(), ctx.tokenizer)
         start, close = token_index(ends, span.think_start), token_index(ends, span.think_end)
-        first = token_index(ends, span.first_commit_end)
-        if start is None or close is None or first is None:
+        first = token_index(ends, span.first_commit_end) if span.first_commit_end is not None else None
+        if start is None or close is None or (first is None and not probe):
             return None
         l_think = close - start
-        kind = "correct" if s.correct else "incorrect"
-        self._add(f"tail_{kind}", close - first)
-        self._add(f"ot_{kind}", (close - first) / max(l_think, 1))
-        self._add(f"with_commit_{kind}", 1)
+        if first is not None:
+            kind = "correct" if s.correct else "incorrect"
+            self._add(f"tail_{kind}", close - first)
+            self._add(f"ot_{kind}", (close - first) / max(l_think, 1))
+            self._add(f"with_commit_{kind}", 1)
+        if probe:
+            if not s.correct:  # only successful rollouts are edited
+                return None
+            inner = s.text[span.think_start:span.think_end]
+            cuts = {token_ceil(ends, span.think_start + m.end()) for m in re.finditer(cfg.boundary_pattern, inner)}
+            return Edit(j, close, l_think, boundaries=sorted(b for b in cuts if start < b < close))
         t_star = token_index(ends, span.answer_end) if span.answer_end is not None else None
         if t_star is None:
             return None
-        return Edit(j, t_star, close, l_think, close - t_star)
+        return Edit(j, close, l_think, t_star)
 
-    def _apply(self, grp: Group, chosen: list[Edit], ctx: RolloutContext) -> None:
-        edited = []
-        for e in chosen:
-            s = grp.samples[e.index]
-            keep = torch.cat([torch.arange(e.t_star), torch.arange(e.think_end, s.length)])  # drop the tail
-            n_new = s.length - e.think_end
-            ids = s.completion_ids[keep]
-            edited.append(Sample(
-                prompt_ids=s.prompt_ids, completion_ids=ids,
-                # tokens after t* were never sampled in this context: NaN, and the PPO denominator is the
-                # current (= old) policy's own forward (old_logprobs None)
-                rollout_logprobs=torch.cat([s.rollout_logprobs[:e.t_star], torch.full((n_new,), math.nan)]),
-                loss_mask=torch.cat([s.loss_mask[:e.t_star], torch.ones(n_new, dtype=torch.bool)]),
-                finish_reason=s.finish_reason, text=ctx.tokenizer.decode(ids.tolist(), skip_special_tokens=True),
-                old_logprobs=None, meta={**s.meta, "dre_edited": True, "dre_removed": e.tail}))
+    def _probe(self, groups: list[Group], found: list[list[Edit | None]], ctx: RolloutContext) -> None:
+        """The probe detector, one greedy generator call for the whole batch: at step boundary b of a correct
+        rollout, decode an answer after y[:b] ⊕ suffix; t* = the first b whose forced answer verifies, with the
+        next m_stable − 1 boundaries' too. Only boundaries that could give an eligible edit (and the
+        m_stable − 1 after them) are probed: a later t* would leave too short a tail."""
+        cfg = self.cfg
+        suffix = torch.tensor(ctx.tokenizer.encode(cfg.suffix, add_special_tokens=False), dtype=torch.long)
+        rows = []  # (group, edit, boundary position)
+        for grp, edits in zip(groups, found):
+            for e in edits:
+                if e is not None and grp.samples[e.index].correct:
+                    n_ok = sum(e.think_end - b >= self._min_tail(e) for b in e.boundaries)  # a prefix: tail falls
+                    if n_ok:
+                        rows += [(grp, e, k) for k in range(min(len(e.boundaries), n_ok + cfg.m_stable - 1))]
+        if not rows:
+            return
+        reqs = [Request(torch.cat([grp.samples[e.index].prompt_ids, grp.samples[e.index].completion_ids[:e.boundaries[k]],
+                                   suffix]), max_tokens=cfg.probe_max_tokens) for grp, e, k in rows]
+        close = cfg.answer_template.split("{}", 1)[1]  # a probe ends with the answer's closing text
+        params = dataclasses.replace(ctx.params, max_tokens=cfg.probe_max_tokens, temperature=0.0,
+                                     stop=(*ctx.params.stop, close) if close else ctx.params.stop)
+        outs = ctx.generator.generate(reqs, params, ctx.rng("dre/probe"))
+        ok: dict[int, list[bool]] = {}
+        for (grp, e, _), c in zip(rows, outs):
+            forced = cfg.suffix + ctx.tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
+            ok.setdefault(id(e), []).append(verified(ctx, grp.problem, forced))
+        self._add("probes", len(rows))
+        self._add("probe_tokens", sum(int(c.completion_ids.numel()) for c in outs))
+        for _, e, k in rows:
+            if k == 0:
+                v = ok[id(e)]
+                e.t_star = next((e.boundaries[i] for i in range(len(v) - cfg.m_stable + 1)
+                                 if all(v[i:i + cfg.m_stable])), None)
+
+    def _regen(self, groups: list[Group], picks: list[list[Edit]], ctx: RolloutContext) -> list[list[Completion]]:
+        """``regen`` answers, one generator call for the batch: z ~ π_old(· | prompt ⊕ y[:t*] ⊕ think_close) at
+        the run's sampling settings, capped at regen_max_tokens and at what the run's completion cap leaves."""
+        close = ctx.tokenizer.encode(self.cfg.think_close, add_special_tokens=False)
+        reqs = [Request(torch.cat([grp.samples[e.index].prompt_ids, grp.samples[e.index].completion_ids[:e.t_star],
+                                   torch.tensor(close, dtype=torch.long)]),
+                        max_tokens=max(1, min(self.cfg.regen_max_tokens, ctx.params.max_tokens - e.t_star - len(close))))
+                for grp, chosen in zip(groups, picks) for e in chosen]
+        if not reqs:
+            return [[] for _ in groups]
+        params = dataclasses.replace(ctx.params, max_tokens=self.cfg.regen_max_tokens)
+        outs = iter(ctx.generator.generate(reqs, params, ctx.rng("dre/regen")))
+        answers = [[next(outs) for _ in chosen] for chosen in picks]
+        self._add("regen_tokens", sum(int(c.completion_ids.numel()) for a in answers for c in a))
+        return answers
+
+    def _edit(self, s: Sample, e: Edit, z: Completion | None, ctx: RolloutContext) -> Sample:
+        """y' = y[:t*] ⊕ c ⊕ z. ``copy``: c ⊕ z = y[think_end:], never sampled in this context: NaN. ``regen``:
+        c = the closing tag, forced (NaN), and z carries the sampler's log-probs."""
+        if z is None:
+            tail = s.completion_ids[e.think_end:]
+            new_ids, new_lps = tail, torch.full((tail.numel(),), math.nan)
+            finish, meta = s.finish_reason, {}
+        else:
+            close = torch.tensor(ctx.tokenizer.encode(self.cfg.think_close, add_special_tokens=False), dtype=torch.long)
+            new_ids = torch.cat([close, z.completion_ids])
+            new_lps = torch.cat([torch.full((close.numel(),), math.nan), z.rollout_logprobs.float()])
+            finish, meta = z.finish_reason, {"dre_regen": True}
+        ids = torch.cat([s.completion_ids[:e.t_star], new_ids])
+        return Sample(
+            prompt_ids=s.prompt_ids, completion_ids=ids,
+            # the PPO denominator is the current (= old) policy's own forward (old_logprobs None) on every token
+            rollout_logprobs=torch.cat([s.rollout_logprobs[:e.t_star], new_lps.to(s.rollout_logprobs.dtype)]),
+            loss_mask=torch.cat([s.loss_mask[:e.t_star], torch.ones(new_ids.numel(), dtype=torch.bool)]),
+            finish_reason=finish, text=ctx.tokenizer.decode(ids.tolist(), skip_special_tokens=True),
+            old_logprobs=None, meta={**s.meta, "dre_edited": True, "dre_removed": e.tail, **meta})
+
+    def _apply(self, grp: Group, chosen: list[Edit], answers: list[Completion] | None, ctx: RolloutContext) -> None:
+        edited = [self._edit(grp.samples[e.index], e, answers[k] if answers else None, ctx) for k, e in enumerate(chosen)]
         probe = Group(problem=grp.problem, samples=edited, step=grp.step)
         ctx.score([probe])
         for e, y in zip(chosen, edited):
@@ -237,6 +370,11 @@ class DRE:
             return {}
         out = {"rollout/dre_edited_frac": s.get("edited", 0.0) / n, "rollout/dre_eligible_frac": s.get("eligible", 0.0) / n,
                "rollout/dre_rejected": s.get("rejected", 0.0), "rollout/dre_tokens_removed": s.get("removed", 0.0) / n}
+        if self.cfg.detector == "probe":
+            out["rollout/dre_probes"] = s.get("probes", 0.0)
+            out["rollout/dre_probe_tokens"] = s.get("probe_tokens", 0.0)
+        if self.cfg.answer_mode == "regen":
+            out["rollout/dre_regen_tokens"] = s.get("regen_tokens", 0.0)
         for kind in ("correct", "incorrect"):
             c = s.get(f"with_commit_{kind}", 0.0)
             if c:

@@ -10,6 +10,7 @@ from torch.testing import assert_close
 
 from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.config import load
+from groupwise.drivers.setup import CountingGenerator
 from groupwise.losses import LOSSES
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
@@ -17,7 +18,7 @@ from groupwise.rollout.base import RolloutContext, SamplingParams
 from groupwise.rollout.dre import DREConfig, dre, find_span
 from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.tasks.base import stable_seed
-from groupwise.types import ScoredBatch
+from groupwise.types import Completion, ScoredBatch
 
 CHK = "chk 1+1=2;"  # one lab re-check: 10 tokens
 
@@ -194,6 +195,166 @@ def test_edited_old_logprobs_equal_a_fresh_forward(tiny_model, tokenizer, lab, m
     assert m["loss/ratio_mean"] == 1.0
 
 
+class Oracle:
+    """A scripted policy for DRE's own generator calls: ``answer(text)`` maps a request's decoded prompt (problem
+    prompt and completion prefix) to the completion text; token k gets log-prob −0.25 − 0.01·k. Records calls."""
+
+    def __init__(self, tokenizer, answer):
+        self.tokenizer, self.answer, self.calls = tokenizer, answer, []
+
+    def sync_weights(self, model) -> None:
+        pass
+
+    def generate(self, requests, params, rng):
+        self.calls.append((requests, params))
+        out = []
+        for r in requests:
+            text = self.tokenizer.decode(r.prompt_ids.tolist(), skip_special_tokens=True)
+            ids = self.tokenizer.encode(self.answer(text), add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            ids = torch.tensor(ids[:r.max_tokens or params.max_tokens], dtype=torch.long)
+            out.append(Completion(ids, -0.25 - 0.01 * torch.arange(len(ids), dtype=torch.float32), "stop",
+                                  torch.zeros(len(ids), dtype=torch.bool)))
+        return out
+
+
+def with_oracle(ctx, answer):
+    oracle = Oracle(ctx.tokenizer, answer)
+    return dataclasses.replace(ctx, generator=CountingGenerator(oracle)), oracle
+
+
+def probe_answer(gold, wrong, knows):
+    """Probes (prompt ends with ``</think><answer>``) get the gold answer once ``knows(thinking so far)``."""
+    def answer(text):
+        assert text.endswith("</think><answer>"), text
+        thinking = text.split("<think>", 1)[1][:-len("</think><answer>")]
+        return f"{gold if knows(thinking) else wrong}</answer>"
+    return answer
+
+
+def test_probe_detector_first_boundary_with_a_correct_forced_answer(tokenizer, lab):
+    # the policy "knows" the answer after the step 2+1=3; (before committing to it): t* is that boundary, not
+    # the text detector's "so a."; boundaries (tokens incl. <think>): 7 12 23 28 38, </think> at 48; tails
+    # 41 36 25 20 10 vs τ_abs 16, so the first 4 are probed, in one greedy call
+    a, w = answers(lab)
+    texts = [f"<think>1+1=2;so {w}.wait 2+1=3;so {a}.{CHK}{CHK}</think><answer>{a}</answer>",
+             f"<think>so {w}.{CHK}{CHK}</think><answer>{w}</answer>"]  # incorrect: never probed
+    groups, ctx = scored(tokenizer, lab, texts)
+    y0 = copy.deepcopy(groups[0].samples[0])
+    ctx, oracle = with_oracle(ctx, probe_answer(a, w, lambda th: "2+1=3;" in th))
+    t = dre(DREConfig(detector="probe"), None)
+    y = t(groups, ctx)[0].samples[0]
+    assert y.text == f"<think>1+1=2;so {w}.wait 2+1=3;</think><answer>{a}</answer>" and y.correct
+    assert torch.equal(y.completion_ids[:23], y0.completion_ids[:23]) and y.meta["dre_removed"] == 25
+    (reqs, params), = oracle.calls
+    assert len(reqs) == 4 and params.temperature == 0.0 and all(r.max_tokens == 16 for r in reqs)
+    assert params.stop == ("</answer>",)  # greedy decoding stops at the answer's closing tag
+    suffix = tokenizer.encode("</think><answer>", add_special_tokens=False)
+    for r, b in zip(reqs, (7, 12, 23, 28)):
+        assert r.prompt_ids.tolist() == [*y0.prompt_ids.tolist(), *y0.completion_ids[:b].tolist(), *suffix]
+    m = t.metrics()
+    assert m["rollout/dre_probes"] == 4 and m["rollout/dre_probe_tokens"] == 4 * 3  # "4", "</answer>", EOS
+    assert m["rollout/dre_probe_tokens"] == ctx.generator.tokens  # and in the trainer's perf/gen_tokens
+    assert m["rollout/dre_edited_frac"] == 0.5
+    # no boundary verifies: nothing to edit
+    groups, ctx = scored(tokenizer, lab, texts)
+    ctx, _ = with_oracle(ctx, probe_answer(a, w, lambda th: False))
+    assert not dre(DREConfig(detector="probe"), None)(groups, ctx)[0].samples[0].meta.get("dre_edited")
+
+
+@pytest.mark.parametrize(("m_stable", "kept"), [(1, "1+1=2;"), (2, "1+1=2;so W.wait 2+1=3;"),
+                                                 (3, "1+1=2;so W.wait 2+1=3;"), (4, None)])
+def test_probe_m_stable_consecutive_boundaries(tokenizer, lab, m_stable, kept):
+    # forced answers at the boundaries 7 12 23 28 38: right, wrong, right, right, right (right after every ';'
+    # and once "so a." is written); m_stable 2 and 3 need a run from 23; 4 finds none (the fifth probe is the
+    # last boundary inside the span; only t* with an eligible tail, 7..28, may start a run)
+    a, w = answers(lab)
+    texts = [f"<think>1+1=2;so {w}.wait 2+1=3;so {a}.{CHK}{CHK}</think><answer>{a}</answer>"]
+    groups, ctx = scored(tokenizer, lab, texts)
+    ctx, oracle = with_oracle(ctx, probe_answer(a, w, lambda th: th.endswith(";") or f"so {a}." in th))
+    y = dre(DREConfig(detector="probe", m_stable=m_stable), None)(groups, ctx)[0].samples[0]
+    assert len(oracle.calls) == 1 and len(oracle.calls[0][0]) == min(5, 4 + m_stable - 1)
+    if kept is None:
+        assert not y.meta.get("dre_edited")
+    else:
+        assert y.text == f"<think>{kept.replace('W', w)}</think><answer>{a}</answer>"
+
+
+def test_probe_agreeing_with_the_text_detector_gives_identical_edits(tokenizer, lab):
+    # lab reference traces with re-checks, wrong finals, wrong-then-right commitments, over three problems:
+    # a probe that answers right exactly once "so <gold>." is written edits exactly as the text detector does
+    problems = lab.test[:3]
+    texts = []
+    for p in problems:
+        a, w = p.answer, str((int(p.answer) + 1) % 10)
+        long = p.reference.replace("</think>", CHK * 2 + "</think>")
+        texts += [long, p.reference, long.replace(f"<answer>{a}<", f"<answer>{w}<"),
+                  long.replace(f"so {a}.", f"so {w}.{CHK}so {a}."), long.replace("</think>", CHK + "</think>")]
+    gold = {p.prompt: p.answer for p in problems}
+
+    def answer(text):
+        a = gold[text.split("\n", 1)[0]]
+        return probe_answer(a, str((int(a) + 1) % 10), lambda th: f"so {a}." in th)(text)
+
+    out = {}
+    for detector in ("text", "probe"):
+        ctx = context(tokenizer, lab, texts, group_size=5)
+        groups = ctx.sample_groups(problems)
+        ctx.score(groups)
+        ctx, oracle = with_oracle(ctx, answer)
+        out[detector] = dre(DREConfig(detector=detector), None)(groups, ctx)
+        assert len(oracle.calls) == (detector == "probe")
+    edits = 0
+    for g_text, g_probe in zip(out["text"], out["probe"]):
+        for x, y in zip(g_text.samples, g_probe.samples, strict=True):
+            assert x.text == y.text and torch.equal(x.completion_ids, y.completion_ids) and x.reward == y.reward
+            assert torch.equal(x.rollout_logprobs.nan_to_num(9.0), y.rollout_logprobs.nan_to_num(9.0))
+            assert x.meta == y.meta
+            edits += bool(x.meta.get("dre_edited"))
+    assert edits == 6  # G/2 = 2 of the 4 eligible per group (three re-check variants and the late commitment)
+
+
+def test_regen_answer_carries_the_sampler_logprobs(tokenizer, lab):
+    a, w = answers(lab)
+    # the regenerated section (spaces inside the tags, which the lab's verifier strips) differs from the copy
+    groups, ctx = scored(tokenizer, lab, [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>"])
+    y0 = copy.deepcopy(groups[0].samples[0])
+
+    def answer(text):
+        assert text.endswith(f"<think>so {a}.</think>"), text
+        return f"<answer> {a} </answer>"
+
+    ctx, oracle = with_oracle(ctx, answer)
+    t = dre(DREConfig(answer_mode="regen"), None)
+    y = t(groups, ctx)[0].samples[0]
+    assert y.text == f"<think>so {a}.</think><answer> {a} </answer>" and y.correct and y.meta["dre_regen"]
+    t_star, z = 6, tokenizer.encode(f"<answer> {a} </answer>", add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert torch.equal(y.completion_ids[:t_star], y0.completion_ids[:t_star]) and y.length == t_star + 1 + len(z)
+    assert y.completion_ids[t_star + 1:].tolist() == z and y.finish_reason == "stop"
+    assert torch.equal(y.rollout_logprobs[:t_star], y0.rollout_logprobs[:t_star])
+    assert torch.isnan(y.rollout_logprobs[t_star])  # the forced </think>
+    assert_close(y.rollout_logprobs[t_star + 1:], -0.25 - 0.01 * torch.arange(len(z), dtype=torch.float32))
+    assert y.old_logprobs is None and y.loss_mask.all()
+    (reqs, params), = oracle.calls
+    close = tokenizer.encode("</think>", add_special_tokens=False)
+    assert reqs[0].prompt_ids.tolist() == [*y0.prompt_ids.tolist(), *y0.completion_ids[:t_star].tolist(), *close]
+    assert reqs[0].max_tokens == 32 and params.temperature == ctx.params.temperature
+    assert t.metrics()["rollout/dre_regen_tokens"] == len(z) == ctx.generator.tokens
+
+
+def test_regen_answer_that_fails_verification_keeps_the_original(tokenizer, lab):
+    a, w = answers(lab)
+    groups, ctx = scored(tokenizer, lab, [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>"])
+    s0 = groups[0].samples[0]
+    ids, lps = s0.completion_ids.clone(), s0.rollout_logprobs.clone()
+    ctx, _ = with_oracle(ctx, lambda text: f"<answer>{w}</answer>")
+    t = dre(DREConfig(answer_mode="regen"), None)
+    y = t(groups, ctx)[0].samples[0]
+    assert y is s0 and torch.equal(y.completion_ids, ids) and torch.equal(y.rollout_logprobs, lps)
+    assert "dre_edited" not in y.meta and y.reward == 1.0
+    m = t.metrics()
+    assert m["rollout/dre_rejected"] == 1.0 and m["rollout/dre_edited_frac"] == 0.0
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="delta"):
         DREConfig(delta=1.0)
@@ -201,3 +362,14 @@ def test_config_validation():
         DREConfig(commit_pattern="so .")
     with pytest.raises(ConfigError, match="mode"):
         load(None, ["rollout.transforms=[{name: dre, mode: regen}]"])
+    with pytest.raises(ConfigError, match="detector: 'oracle' is not allowed; allowed: text, probe"):
+        load(None, ["rollout.transforms=[{name: dre, detector: oracle}]"])
+    with pytest.raises(ConfigError, match="answer_mode: 'rethink' is not allowed; allowed: copy, regen"):
+        load(None, ["rollout.transforms=[{name: dre, answer_mode: rethink}]"])
+    with pytest.raises(ValueError, match=r"^m_stable=0: allowed >= 1$"):
+        DREConfig(m_stable=0)
+    with pytest.raises(ValueError, match=r"^detector='oracle': allowed text, probe$"):
+        DREConfig(detector="oracle")
+    with pytest.raises(ValueError, match="boundary_pattern"):
+        DREConfig(boundary_pattern="(")
+    assert DREConfig().suffix == "</think><answer>" and DREConfig(probe_suffix="X").suffix == "X"
