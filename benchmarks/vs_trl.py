@@ -77,6 +77,7 @@ class Options:
     workdir: str | None = None
     prefix_tokens: int = 0
     shared_prefix: bool = False
+    fused_decode: bool = False
 
     @property
     def reward_kind(self) -> str:
@@ -221,7 +222,8 @@ def side_groupwise(spec: dict) -> dict:
         "rollout": {"prompts_per_step": spec["prompts"], "group_size": spec["group"],
                     "max_completion_tokens": spec["max_tokens"], "temperature": 1.0, "top_p": 1.0,
                     # benchmarks/gpu_engines.py: a colocated vLLM engine on both sides
-                    "generator": {"name": "vllm", "gpu_memory_utilization": 0.3} if spec.get("vllm") else "hf"},
+                    "generator": {"name": "vllm", "gpu_memory_utilization": 0.3} if spec.get("vllm") else
+                    {"name": "hf", "decode": "fused" if spec.get("fused_decode") else "model"}},
         "reward": {"terms": [{"name": reward}]},
         "advantage": {"name": "grpo"},
         "loss": {"terms": [{"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}],
@@ -272,7 +274,9 @@ def side_groupwise(spec: dict) -> dict:
             rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
             zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
             rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"]))
-    return {"steps": steps, "setup_s": setup_s}
+    gen = getattr(c.generator, "inner", c.generator)
+    reason = gen.fused_reason(spec["max_tokens"] + 1024) if spec.get("fused_decode") else "not asked"
+    return {"steps": steps, "setup_s": setup_s, "decode_path": "fused" if reason is None else f"model ({reason})"}
 
 
 def side_trl(spec: dict) -> dict:
@@ -484,6 +488,9 @@ def table(result: dict) -> str:
         lines.append(f"groupwise split (its perf/* metrics): rollout {gw['rollout_s']:.2f} s (generate "
                      f"{gw['gen_s']:.2f} s), update {gw['update_s']:.2f} s; zero-variance groups "
                      f"{100 * gw['zero_std_frac']:.0f}%")
+    paths = {r["decode_path"] for r in result["runs"] if r.get("decode_path", "not asked") != "not asked"}
+    if paths:
+        lines.append(f"groupwise decode path: {', '.join(sorted(paths))}")
     if not result["isolated"]:
         lines.append("note: both sides ran in one process (--in-process): RSS is that process's")
     for w in result["warnings"]:
@@ -510,10 +517,12 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
     if opts.prefix_tokens:
         info["regime"] += f"; behind a {opts.prefix_tokens}-token system prompt (regime C)"
         info["regime"] += ", groupwise optim.shared_prefix" if opts.shared_prefix else ""
+    if opts.fused_decode:
+        info["regime"] += "; groupwise rollout.generator.decode=fused"
     spec = {"model_dir": info["model_dir"], "steps": opts.steps, "prompts": opts.prompts, "group": opts.group,
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
             "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens,
-            "shared_prefix": opts.shared_prefix}
+            "shared_prefix": opts.shared_prefix, "fused_decode": opts.fused_decode}
     probes = [matmul_peak(opts.matmul_n, opts.threads)]
     runs = []
     for r in range(opts.repeats):
@@ -567,6 +576,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
                    help="regime C: every prompt behind the same system prompt of this many tokens (default 0)")
     p.add_argument("--shared-prefix", action="store_true",
                    help="groupwise: optim.shared_prefix (each group's prompt runs once in the update)")
+    p.add_argument("--fused-decode", action="store_true",
+                   help="groupwise: rollout.generator.decode=fused (Llama-family fused decode step)")
     p.add_argument("--quick", action="store_true", help="tiny settings for a seconds-long smoke run")
     p.add_argument("--in-process", action="store_true",
                    help="run both sides in this process (debugging; peak RSS is then not per side)")
@@ -580,6 +591,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
         values["warm_start"] = True
     if a.shared_prefix:
         values["shared_prefix"] = True
+    if a.fused_decode:
+        values["fused_decode"] = True
     if a.sides:
         values["sides"] = tuple(s.strip() for s in a.sides.split(","))
         if not set(values["sides"]) <= set(SIDES):

@@ -9,12 +9,14 @@ training model's own parameters, so weight sync is free.
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from groupwise.models.forward import cache_keyword, prefill
-from groupwise.rollout import GENERATORS
+from groupwise.rollout import GENERATORS, fused
 from groupwise.rollout.base import Request, SamplingParams, eos_ids
 from groupwise.types import Completion
 
@@ -25,6 +27,11 @@ class HFConfig:
     """Rows per generation pass; larger requests are split."""
     compact_below: float = 0.75
     """Drop finished rows from the KV cache once live rows fall below this share of the batch."""
+    decode: Literal["model", "fused"] = "model"
+    """``model``: every decode step is the model's own forward with its ``DynamicCache``. ``fused``: Llama-family
+    models (llama, mistral, qwen2, qwen3) decode with fused QKV and gate/up GEMMs and a preallocated KV buffer
+    (``rollout/fused.py``; equal up to float summation order); other models fall back to ``model``, with one
+    warning naming the reason."""
 
     def __post_init__(self) -> None:
         if self.max_batch_rows < 1 or not 0 <= self.compact_below <= 1:
@@ -45,6 +52,7 @@ class HFGenerator:
         self.eos_ids = torch.tensor(eos_ids(model, tokenizer), dtype=torch.long)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._cache_kw = cache_keyword(model)
+        self._warned = False
 
     def sync_weights(self, model: torch.nn.Module) -> None:  # shares parameters with the trainer
         assert model is self.model
@@ -80,9 +88,25 @@ class HFGenerator:
             probs = top_p_filter(probs, params.top_p)
         return torch.multinomial(probs.cpu(), 1, generator=rng).squeeze(-1).to(logits.device), lp
 
+    def fused_reason(self, length: int) -> str | None:
+        """Why ``decode: fused`` cannot run for ``length``-token sequences (None: it runs)."""
+        return fused.unsupported(self.model, length)
+
+    def _decoder(self, cache, attn: Tensor, steps: int) -> fused.FusedDecoder | None:
+        if self.cfg.decode != "fused":
+            return None
+        reason = self.fused_reason(attn.shape[1] + steps)
+        if reason is None:
+            return fused.FusedDecoder(self.model, cache, attn, steps)
+        if not self._warned:
+            warnings.warn(f"rollout.generator decode: fused falls back to the model's forward: {reason}", stacklevel=2)
+            self._warned = True
+        return None
+
     def _generate(self, reqs: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
         cache, logits, attn, next_pos = self._prefill(reqs)
         st = _Decode.start(reqs, params, self.pad_id)
+        dec = self._decoder(cache, attn, st.steps)
         eos = self.eos_ids.to(logits.device)
         for t in range(st.steps):
             tok, lp = self._pick(logits, params, rng)
@@ -94,12 +118,18 @@ class HFGenerator:
                 break
             if st.live.float().mean() < self.cfg.compact_below:  # shrink the cache to the live rows
                 keep = torch.nonzero(st.live).flatten()
-                cache.batch_select_indices(keep.to(logits.device))
+                if dec is not None:
+                    dec.keep(keep.to(logits.device))
+                else:
+                    cache.batch_select_indices(keep.to(logits.device))
                 st.rows, st.live, attn, next_pos, tok = st.rows[keep], st.live[keep], attn[keep], next_pos[keep], tok[keep]
-            attn = torch.cat([attn, attn.new_ones(len(st.rows), 1)], dim=1)
-            o = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
-                           use_cache=True, **{self._cache_kw: cache})
-            logits = o.logits[:, -1]
+            if dec is not None:
+                logits = dec.step(tok, next_pos)
+            else:
+                attn = torch.cat([attn, attn.new_ones(len(st.rows), 1)], dim=1)
+                o = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
+                               use_cache=True, **{self._cache_kw: cache})
+                logits = o.logits[:, -1]
             next_pos = next_pos + 1
         return st.completions()
 

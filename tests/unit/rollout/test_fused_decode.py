@@ -1,0 +1,124 @@
+"""The ``hf`` generator's fused decode step (rollout/fused.py) against the model's own forward."""
+
+import warnings
+
+import pytest
+import torch
+from torch.testing import assert_close
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
+
+from groupwise.config import ConfigError, load
+from groupwise.models.forward import completion_logprobs, pack
+from groupwise.rollout import fused
+from groupwise.rollout.base import Request, SamplingParams
+from groupwise.rollout.hf import HFConfig, HFGenerator
+
+# initializer_range 0.3: at the usual 0.02 a random model's attention is so flat that masking the padding wrong
+# moves log-probs by < 1e-5, and the comparison could not fail
+SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=128, vocab_size=108, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+             initializer_range=0.3)
+
+
+def llama():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**SMALL)).eval()
+
+
+def qwen2():
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()  # q/k/v with bias
+
+
+def qwen3():
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=16)).eval()  # per-head q/k RMSNorm
+
+
+def prompt(tokenizer, text):
+    return torch.tensor(tokenizer.encode(text + "\n", add_special_tokens=False))
+
+
+def requests(tokenizer):
+    """Groups of repeated prompts of different lengths (left padding), a forced prefix and per-row caps (so
+    finished rows are compacted away mid-decode)."""
+    nt = tokenizer.convert_tokens_to_ids("<NT>")
+    reqs = [Request(prompt(tokenizer, "3+5"), max_tokens=6)] * 3 + [Request(prompt(tokenizer, "1-2+7-4+9"))] * 3
+    return reqs + [Request(prompt(tokenizer, "8-1"), prefix=[nt, nt], max_tokens=4)]
+
+
+def both(model, tokenizer, params, seed=0):
+    out = []
+    for decode in ("model", "fused"):
+        gen = HFGenerator(HFConfig(decode=decode), model, tokenizer)
+        out.append(gen.generate(requests(tokenizer), params, torch.Generator().manual_seed(seed)))
+    return out
+
+
+@pytest.mark.parametrize("build", ["tiny", "llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_fused_decode_equals_the_models_forward(build, temperature, tiny_model, tokenizer):
+    model = {"tiny": lambda: tiny_model, "llama": llama, "qwen2": qwen2, "qwen3": qwen3}[build]()
+    assert fused.unsupported(model, 64) is None
+    a, b = both(model, tokenizer, SamplingParams(max_tokens=16, temperature=temperature))
+    lengths = [len(x.completion_ids) for x in a]
+    assert lengths == [len(y.completion_ids) for y in b] and max(lengths) > 6  # rows were compacted away mid-decode
+    for x, y in zip(a, b):
+        assert torch.equal(x.completion_ids, y.completion_ids)
+        assert torch.equal(x.forced, y.forced) and x.finish_reason == y.finish_reason
+        assert_close(x.rollout_logprobs, y.rollout_logprobs, rtol=1e-5, atol=1e-5)
+    # and both are the teacher-forced log-probs of what was sampled
+    reqs = requests(tokenizer)
+    packed = pack([r.prompt_ids for r in reqs], [o.completion_ids for o in b], tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp = completion_logprobs(model, packed, temperature=temperature if temperature > 0 else 1.0).logprobs
+    for i, o in enumerate(b):
+        assert_close(lp[i, :len(o.completion_ids)], o.rollout_logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_decode_reads_the_current_weights(tokenizer):
+    model = qwen2()
+    gen = HFGenerator(HFConfig(decode="fused"), model, tokenizer)
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    before = gen.generate(requests(tokenizer), params, torch.Generator())
+    with torch.no_grad():  # an in-place update, as the optimizer does between generate calls
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    after = gen.generate(requests(tokenizer), params, torch.Generator())
+    ref = HFGenerator(HFConfig(), model, tokenizer).generate(requests(tokenizer), params, torch.Generator())
+    assert any(not torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(before, after))
+    for x, y in zip(after, ref):
+        assert torch.equal(x.completion_ids, y.completion_ids)
+
+
+def test_unsupported_models_fall_back_with_one_warning(tokenizer):
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=108, n_positions=64)).eval()
+    assert "gpt2" in fused.unsupported(gpt2, 32)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    gen = HFGenerator(HFConfig(decode="fused"), gpt2, tokenizer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = gen.generate(requests(tokenizer), params, torch.Generator())
+        gen.generate(requests(tokenizer), params, torch.Generator())
+    assert len([w for w in caught if "decode: fused falls back" in str(w.message)]) == 1
+    b = HFGenerator(HFConfig(), gpt2, tokenizer).generate(requests(tokenizer), params, torch.Generator())
+    assert all(torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(a, b))
+
+
+def test_unsupported_reasons():
+    model = qwen2()
+    model.model.layers[0].self_attn.q_proj = torch.nn.Sequential(model.model.layers[0].self_attn.q_proj)
+    assert "Sequential" in fused.unsupported(model, 16)
+    cfg = Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    windowed = Qwen2ForCausalLM(cfg)
+    assert "sliding window 8 < 16" in fused.unsupported(windowed, 16)
+    assert fused.unsupported(windowed, 8) is None
+
+
+def test_bad_decode_value_is_a_one_line_error(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: x\ntask: lab\nrollout: {generator: {name: hf, decode: compiled}}\n")
+    with pytest.raises(ConfigError) as e:
+        load(str(recipe), [])
+    assert "decode" in str(e.value) and "fused" in str(e.value) and "\n" not in str(e.value)
