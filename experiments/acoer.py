@@ -21,9 +21,9 @@ advantages everywhere, held-out eval (128 problems, mean@4 at T=1 + greedy) ever
 The grpo arm is experiments/qlpo.py's grpo arm (trained there, or here at the end if missing), whose resolved config
 equals this recipe with ``reward.terms=[{name: correctness}]``; the report checks that every arm's resolved config
 equals the grpo runs' apart from name/out_dir/seed/trainer.steps/reward, and reads every arm at its step-STEPS
-held-out eval (constant lr, no warm-up: the first 80 steps of a 120-step baseline run are an 80-step run).
+held-out eval (constant lr, no warm-up: the first N steps of a longer baseline run are an N-step run).
 
-Budget: 3 seeds x 2 trained arms x STEPS = 80 steps (``--steps N``: N steps, compared with the baseline's step-N
+Budget: 3 seeds x 2 trained arms x STEPS = 100 steps (qlpo.STEPS; the spec asks 800) (``--steps N``: N steps, compared with the baseline's step-N
 eval), seeds interleaved (acoer, length_penalty per seed), --jobs 1.
 
 Usage: PYTHONPATH=src python experiments/acoer.py --jobs 1 [--seeds 0 1 2] [--with-fixed] [--report-only]

@@ -11,15 +11,16 @@ Setting: recipes/qlpo_lab.yaml (lab with overthinking: 0..6 redundant ``chk`` re
 mean@4 at T=1 + greedy) every EVAL_EVERY steps.
 
   grpo       GRPO, G = 8 (no transform)
+  grpo_g16   GRPO, G = 16: the same generation as QLPO, all of it trained on
   qlpo       K = 16 generated, M = 8 kept, alpha = 1/3 (the paper's setting)
   qlpo_a1    K = 16 -> M = 8, alpha = 1: a ratio-preserving uniform subsample (isolates the quadrant weighting
-             from over-generation); run when --with-alpha1 is given
+             from over-generation)
 
-The spec's GRPO G = 16 arm is not run (budget). Generation cost: QLPO samples K = 16 per prompt, about 2x the
+Generation cost: QLPO samples K = 16 per prompt, about 2x the
 tokens of GRPO per step; the trainer's ``perf/gen_tokens`` counts every generated completion token, discarded
 samples included (``rollout/qlpo_pool_tokens`` is the same pool count as seen by the transform).
 
-Budget: 3 seeds x STEPS = 80 steps per arm (``--steps N`` cuts the QLPO arms to N and reads the baseline at
+Budget: 3 seeds x STEPS = 100 steps per arm (the spec asks 500; 100 is what one session's CPU lane allows) (``--steps N`` cuts the QLPO arms to N and reads the baseline at
 its step-N eval; N a multiple of EVAL_EVERY), one run at a time with one torch thread (--jobs 1). Comparison
 point: every arm is compared at its held-out eval of step STEPS. GRPO runs that were trained for longer (the
 first two baseline seeds ran 120 steps) are read at their step-STEPS eval: the lr schedule is constant with no
@@ -28,7 +29,7 @@ run is the state at the end of an 80-step run (same eval seed, same evals before
 verifies that the resolved configs differ in ``trainer.steps`` (and name) only. experiments/acoer.py uses
 these same grpo runs as its accuracy-only arm.
 
-Usage: PYTHONPATH=src python experiments/qlpo.py --jobs 1 [--seeds 0 1 2] [--with-alpha1] [--report-only]
+Usage: PYTHONPATH=src python experiments/qlpo.py --jobs 1 [--seeds 0 1 2] [--report-only]
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ import harness  # noqa: E402
 import yaml  # noqa: E402
 
 RECIPE = "recipes/qlpo_lab.yaml"
-STEPS, EVAL_EVERY = 80, 20
+STEPS, EVAL_EVERY = 100, 20
 COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=0", "trainer.sinks=[jsonl]"]
 GRPO = ["rollout.group_size=8", "rollout.transforms=[]"]
-ARMS = {"grpo": GRPO, "qlpo": [], "qlpo_a1": ["rollout.transforms.0.alpha=1.0"]}
+ARMS = {"grpo": GRPO, "grpo_g16": ["rollout.group_size=16", "rollout.transforms=[]"], "qlpo": [],
+        "qlpo_a1": ["rollout.transforms.0.alpha=1.0"]}
 QUAD = ("sc", "lc", "si", "li")
 
 
@@ -119,7 +121,7 @@ def quadrant_table(runs: dict[str, list[Path]], step: int) -> str:
     lines = ["| arm | when | steps | SC | LC | SI | LI | mean length | correct frac |",
              "|---|---|---|---|---|---|---|---|---|"]
     for arm, dirs in runs.items():
-        if arm == "grpo":
+        if arm.startswith("grpo"):
             continue
         for when in ("before", "after"):
             for label, cut in (("1-10", slice(0, 10)), (f"{step - 9}-{step}", slice(-10, None))):
@@ -137,7 +139,7 @@ def plot_quadrants(runs: dict[str, list[Path]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = [a for a in runs if a != "grpo"]
+    arms = [a for a in runs if not a.startswith("grpo")]
     fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.5), squeeze=False)
     for ax, arm in zip(axes[0], arms):
         for q, color in zip(QUAD, ("tab:green", "tab:olive", "tab:orange", "tab:red")):
@@ -154,6 +156,37 @@ def plot_quadrants(runs: dict[str, list[Path]], out: Path) -> None:
     plt.close(fig)
 
 
+CONTRASTS = (("qlpo", "grpo", "the paper's comparison: same trained batch size"),
+             ("qlpo", "grpo_g16", "same generation: keep 8 by quadrant vs train on all 16"),
+             ("qlpo_a1", "grpo", "over-generation alone: K = 16 -> 8 uniform vs G = 8"),
+             ("qlpo", "qlpo_a1", "quadrant weighting alone: alpha 1/3 vs 1 at equal generation"))
+
+
+def contrasts(cells: dict) -> str:
+    """Length and accuracy differences for the pairs that separate over-generation from quadrant weighting."""
+    lines = ["| arm | vs | what it isolates | length change | mean@4 change (points) | greedy change (points) |",
+             "|---|---|---|---|---|---|"]
+    for a, b, what in CONTRASTS:
+        if a in cells and b in cells:
+            x, y = cells[a], cells[b]
+            rel = x["eval/len_mean"]["mean"] / y["eval/len_mean"]["mean"] - 1
+            d = {k: 100 * (x[k]["mean"] - y[k]["mean"]) for k in ("eval/mean_at_k", "eval/greedy_acc")}
+            lines.append(f"| {a} | {b} | {what} | {100 * rel:+.1f}% | {d['eval/mean_at_k']:+.1f} | "
+                         f"{d['eval/greedy_acc']:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def curve_table(runs: dict[str, list[Path]], step: int) -> str:
+    """Seed-mean held-out mean@4 and length at every eval up to ``step`` (do the curves flatten?)."""
+    evals = list(range(0, step + 1, EVAL_EVERY))
+    lines = ["| arm | " + " | ".join(f"step {e}" for e in evals) + " |", "|---|" + "---|" * len(evals)]
+    for arm, dirs in runs.items():
+        cell = [f"{statistics.fmean(eval_at(d, e)['eval/mean_at_k'] for d in dirs):.3f} / "
+                f"{statistics.fmean(eval_at(d, e)['eval/len_mean'] for d in dirs):.1f}" for e in evals]
+        lines.append(f"| {arm} | " + " | ".join(cell) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report(runs: dict[str, list[Path]], out_dir: Path, step: int) -> str:
     note = check_baseline(runs["grpo"], step)
     cells = {arm: run_cells(dirs, step) for arm, dirs in runs.items()}
@@ -166,7 +199,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int) -> str:
     steps_flag = f" --steps {step}" if step != STEPS else ""
     md = (f"# QLPO experiment\n\nSeeds {seeds}, compared at step {step} (16 prompts/step, lr 1e-4 constant), eval "
           f"every {EVAL_EVERY} steps (128 held-out problems, mean@4 at T=1, greedy). Command: `PYTHONPATH=src "
-          f"python experiments/qlpo.py --jobs 1{steps_flag}{' --with-alpha1' if 'qlpo_a1' in runs else ''}`.\n"
+          f"python experiments/qlpo.py --jobs 1{steps_flag}`.\n"
           f"GRPO baseline: {note}.\n\n"
           f"Warm start (step 0): mean@4 {base['eval/mean_at_k']:.3f}, greedy {base['eval/greedy_acc']:.3f}, "
           f"length {base['eval/len_mean']:.1f} tokens, chk/response {checks_per_response(start, 0):.2f}.\n\n"
@@ -175,7 +208,9 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int) -> str:
           f"\nQLPO(alpha=1/3) vs GRPO: mean length {100 * rel:+.1f}% shorter (spec pass: >= 20%), "
           f"mean@4 {100 * d_acc:+.1f} points (spec pass: within 1.5). Generated tokens count every sampled "
           "completion token (QLPO: all K = 16 per prompt); update tokens are those in the trained batch (M = 8).\n\n"
-          "## Quadrant shares of the pool (before) and of the kept group (after), means over seeds of per-step "
+          "## Contrasts (differences of seed means at step " + str(step) + ")\n\n" + contrasts(cells) +
+          "\n## Held-out curves (seed-mean mean@4 / length)\n\n" + curve_table(runs, step) +
+          "\n## Quadrant shares of the pool (before) and of the kept group (after), means over seeds of per-step "
           "values averaged over the first and the last 10 steps\n\n" + quadrant_table(runs, step) + "\nPlots: `eval_curves.png` (held-out accuracy and length), `training.png`, "
           "`quadrants.png`.\n")
     (out_dir / "results.md").write_text(md)
@@ -202,15 +237,14 @@ def ensure_baseline(seeds: list[int], jobs: int = 1, steps: int = STEPS) -> list
 
 
 def main() -> None:
-    args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument("--with-alpha1", action="store_true"))
-    with_a1 = args.with_alpha1
+    args = harness.cli_args(__doc__.splitlines()[0])
     out_dir = Path(args.out) if args.out else harness.OUT / "qlpo"
     if args.out and not args.report_only:
         raise SystemExit("--out is not supported for training: the grpo baseline lives in experiments/out/qlpo")
     runs = {"grpo": ensure_baseline(args.seeds, args.jobs, args.steps or STEPS) if not args.report_only
             else [out_dir / f"grpo-s{s}" for s in args.seeds]}
     # baseline seeds already trained for longer are kept and read at their step-(--steps) eval
-    arms = {a: [*COMMON, *ov] for a, ov in ARMS.items() if a != "grpo" and (with_a1 or a != "qlpo_a1")}
+    arms = {a: [*COMMON, *ov] for a, ov in ARMS.items() if a != "grpo"}
     runs.update(harness.run_arms("qlpo", RECIPE, arms, args))
     print(report(runs, out_dir, args.steps or STEPS))
 

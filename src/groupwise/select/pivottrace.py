@@ -273,12 +273,16 @@ def _verify(task, problem: Problem, text: str) -> bool:
 
 @dataclasses.dataclass
 class Probe:
-    """Per problem: pivot density, mean token entropy, probe answers and probe correctness (diagnostics)."""
+    """Per problem: pivot density, mean token entropy, probe answers and probe correctness (diagnostics), and
+    per probe trace its pivot token positions and completion token ids (for detector checks:
+    experiments/pivottrace_premise.py)."""
 
     density: float
     entropy: float
     answers: list[str | None]
     correct: list[bool]
+    pivots: list[list[int]] = dataclasses.field(default_factory=list)
+    completions: list[list[int]] = dataclasses.field(default_factory=list)
 
 
 class PivotTraceSelector:
@@ -310,7 +314,7 @@ class PivotTraceSelector:
         for i in range(0, len(problems), c.probe_batch):
             groups = ctx.sample_groups(problems[i:i + c.probe_batch], n=c.probe_samples, stage="select")
             samples = [s for g in groups for s in g.samples]
-            per_sample: list[tuple[int, int, float]] = []
+            per_sample: list[tuple[int, int, float, list[int]]] = []
             for j in range(0, len(samples), 64):
                 chunk = samples[j:j + 64]
                 packed = pack([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
@@ -325,14 +329,15 @@ class PivotTraceSelector:
                     if c.lexical_gate:
                         texts = [tok.decode([t]) for t in s.completion_ids.tolist()]
                         piv = gate(piv, cue_positions(texts, c.cues), c.gate_window)
-                    per_sample.append((len(piv), n, float(entropy[b, :n].mean()) if n else 0.0))
+                    per_sample.append((len(piv), n, float(entropy[b, :n].mean()) if n else 0.0, piv))
             for gi, g in enumerate(groups):
                 rows_g = per_sample[gi * c.probe_samples:(gi + 1) * c.probe_samples]
                 out.append(Probe(
                     density=pivot_density([r[0] for r in rows_g], [r[1] for r in rows_g]),
                     entropy=sum(r[2] for r in rows_g) / len(rows_g),
                     answers=[ctx.task.extract_answer(s.text) for s in g.samples],
-                    correct=[_verify(ctx.task, g.problem, s.text) for s in g.samples]))  # diagnostics only
+                    correct=[_verify(ctx.task, g.problem, s.text) for s in g.samples],  # diagnostics only
+                    pivots=[r[3] for r in rows_g], completions=[s.completion_ids.tolist() for s in g.samples]))
         return out
 
     # -------------------------------------------------------------------------------- triage

@@ -303,6 +303,10 @@ def test_probe_on_the_tiny_model_returns_densities(tiny_model, tokenizer, lab):
     probes = sel.probe(sel.pool, make_ctx(tiny_model, tokenizer, lab))
     assert len(probes) == 4 and all(len(p.answers) == 2 and p.density >= 0 and p.entropy > 0 for p in probes)
     assert any(p.density > 0 for p in probes)  # a random model's attention does shift
+    for p in probes:  # the per-trace diagnostics are the density's own inputs
+        assert len(p.pivots) == len(p.completions) == 2
+        assert all(0 <= k < len(ids) for piv, ids in zip(p.pivots, p.completions) for k in piv)
+        assert p.density == pytest.approx(pivot_density([len(v) for v in p.pivots], [len(c) for c in p.completions]))
     gated = dataclasses.replace(cfg, lexical_gate=True, cues=("@@never@@",))
     sel_g = PivotTraceSelector(gated, lab, seed=0)
     assert all(p.density == 0 for p in sel_g.probe(sel_g.pool, make_ctx(tiny_model, tokenizer, lab)))
