@@ -61,6 +61,30 @@ def escape_step(run: Path, key: str = "reward/correct_frac", window: int = 10) -
     return float("inf")
 
 
+def curve_rows(runs: dict[str, list[Path]], steps: int) -> str:
+    """Seed-mean held-out mean@4 / format at every eval, and the seed-mean training success over each 50-step
+    window (do the curves flatten within the budget?)."""
+    evals = list(range(0, steps + 1, EVAL_EVERY))
+    head = ("| arm | " + " | ".join(f"step {e}" for e in evals) + " |\n|---|" + "---|" * len(evals) + "\n")
+    out = "Held-out mean@4 / format (seed means):\n\n" + head
+    for arm, dirs in runs.items():
+        ev = [{r["step"]: r for r in harness.metrics(d) if "eval/mean_at_k" in r} for d in dirs]
+        out += f"| {arm} | " + " | ".join(
+            f"{statistics.fmean(e[s]['eval/mean_at_k'] for e in ev):.3f} / "
+            f"{statistics.fmean(e[s]['eval/format_frac'] for e in ev):.2f}" for s in evals) + " |\n"
+    windows = [(a, min(a + 50, steps)) for a in range(0, steps, 50)]
+    out += ("\nTraining success (reward/correct_frac), seed mean over each window of steps:\n\n| arm | "
+            + " | ".join(f"{a + 1}-{b}" for a, b in windows) + " |\n|---|" + "---|" * len(windows) + "\n")
+    for arm, dirs in runs.items():
+        cells = []
+        for a, b in windows:
+            vals = [statistics.fmean(r["reward/correct_frac"] for r in harness.metrics(d)
+                                     if "perf/step_s" in r and a < r["step"] <= b) for d in dirs]
+            cells.append(f"{statistics.fmean(vals):.3f}")
+        out += f"| {arm} | " + " | ".join(cells) + " |\n"
+    return out
+
+
 def main() -> None:
     args = harness.cli_args(__doc__.splitlines()[0])
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
@@ -86,6 +110,7 @@ def main() -> None:
              f"(per seed {', '.join(f'{b:.3f}' for b in before)}).\n\n", harness.table(rows, cols),
              f"\nEscape (10-step mean training success ≥ {ESCAPE}): step per seed (inf = not within {steps}):\n\n"]
     lines += [f"- {arm}: {v} — {sum(x != float('inf') for x in v)}/{len(v)} seeds escape\n" for arm, v in escapes.items()]
+    lines.append("\n" + curve_rows(runs, steps))
     lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
     (out_dir / "results.md").write_text("".join(lines))
     print("".join(lines))

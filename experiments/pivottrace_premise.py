@@ -16,6 +16,10 @@ Reading, fixed in advance: (1) and (2) hold -> the lab's fault; (1) fails -> the
 of the detector does not see explicit reflection at this model size); (1) holds but (2) fails -> pivots see
 reflection, but reflection is not where this model's errors come from.
 
+Post hoc (added after the drift result, so not part of the pre-registered test): ``drift_floor0`` is drift with
+the detector's ``min_shift`` floor (our addition to the spec's robust threshold, default 0.02) set to 0, to see
+whether the floor is what keeps the detector from firing.
+
 Calibration pass (the spec's "check the premise first", the pass experiments/pivottrace.py skipped for
 cost on ``checks``): CALIB_POOL pool problems x CALIB_SAMPLES probe traces from the warm start, both attention
 scorers (js, the default; lookback) on the same traces (the probe's generator seed depends only on
@@ -44,7 +48,8 @@ SETTINGS = {  # setting -> task / model / rollout overrides of the recipe
     "drift": ["task.p_wrap_slip=0.0", "task.p_drift=0.3", "model.warm_start_steps=1500",
               "rollout.max_completion_tokens=64"],
 }
-CUES = {"checks": "chk", "drift": "wait"}
+SETTINGS["drift_floor0"] = [*SETTINGS["drift"], "select.min_shift=0.0"]  # post hoc, see the docstring
+CUES = {"checks": "chk", "drift": "wait", "drift_floor0": "wait"}
 CALIB_POOL, CALIB_SAMPLES, WINDOW = 256, 16, 2
 
 
