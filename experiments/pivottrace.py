@@ -60,31 +60,39 @@ ARMS = {
 CALIB_POOL, CALIB_SAMPLES = 256, 16
 
 
-def calibration(out_dir: Path) -> dict:
-    """Score CALIB_POOL pool problems with CALIB_SAMPLES probe traces each from the warm start (in-process).
-
-    Both attention scorers see the same traces (the probe's generator seed depends only on (seed, step, stage)).
-    """
-    path = out_dir / "calibration.json"
-    if path.exists():
-        return json.loads(path.read_text())
+def calibration_probes(overrides: list[str]):
+    """For each attention scorer (js, lookback): (scorer, selector, probes, per-problem error rate, pivot density,
+    mean entropy, majority wrong) over CALIB_POOL pool problems x CALIB_SAMPLES probe traces from the warm start of
+    RECIPE + ``overrides``, in-process. Both scorers see the same traces (the probe's generator seed depends only on
+    (seed, step, stage)); experiments/pivottrace_premise.py uses it too."""
     import dataclasses
 
     from groupwise.config import load
     from groupwise.drivers.setup import build
-    from groupwise.select.pivottrace import PivotTraceSelector, auroc, majority, route, spearman
+    from groupwise.select.pivottrace import PivotTraceSelector, majority
 
-    cfg = load(RECIPE, [*SETTING, "trainer.threads=1", "trainer.progress=false"])
+    cfg = load(RECIPE, [*overrides, "trainer.threads=1", "trainer.progress=false"])
     c = build(cfg)
-    out: dict = {"n_problems": CALIB_POOL, "samples": CALIB_SAMPLES, "buckets": {}}
-    rng = random.Random(0)
     for scorer in ("js", "lookback"):
         sel_cfg = dataclasses.replace(cfg.select.cfg, pool_size=CALIB_POOL, probe_samples=CALIB_SAMPLES, scorer=scorer)
         sel = PivotTraceSelector(sel_cfg, c.task, cfg.seed)
         probes = sel.probe(sel.pool, c.context(0))
-        err = [1 - statistics.fmean(p.correct) for p in probes]
-        dens, ent = [p.density for p in probes], [p.entropy for p in probes]
-        wrong = [majority(p.answers)[0] != q.answer for p, q in zip(probes, sel.pool)]
+        yield (scorer, sel, probes, [1 - statistics.fmean(p.correct) for p in probes], [p.density for p in probes],
+               [p.entropy for p in probes], [majority(p.answers)[0] != q.answer for p, q in zip(probes, sel.pool)])
+
+
+def calibration(out_dir: Path) -> dict:
+    """The premise check before training: Spearman / AUROC of pivot density and entropy against the error, and
+    each triage bucket's error rate and pseudo-label accuracy (``calibration_probes``)."""
+    path = out_dir / "calibration.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from groupwise.select.pivottrace import auroc, route, spearman
+
+    out: dict = {"n_problems": CALIB_POOL, "samples": CALIB_SAMPLES, "buckets": {}}
+    rng = random.Random(0)
+    for scorer, sel, probes, err, dens, ent, wrong in calibration_probes(SETTING):
+        sel_cfg = sel.cfg
         out.update({"error_rate": statistics.fmean(err), "spearman_entropy_err": spearman(ent, err),
                     "spearman_difficulty_err": spearman([p.difficulty for p in sel.pool], err),
                     "auroc_entropy_majority_wrong": auroc(ent, wrong),

@@ -32,7 +32,6 @@ start is the same cached one).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import statistics
@@ -41,8 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from pivottrace import CALIB_POOL, CALIB_SAMPLES, RECIPE, calibration_probes  # noqa: E402
 
-RECIPE = "recipes/pivottrace_lab.yaml"
 SETTINGS = {  # setting -> task / model / rollout overrides of the recipe
     "checks": ["task.max_checks=6", "task.check_correct_bonus=1", "rollout.max_completion_tokens=112"],
     "drift": ["task.p_wrap_slip=0.0", "task.p_drift=0.3", "model.warm_start_steps=1500",
@@ -50,7 +49,7 @@ SETTINGS = {  # setting -> task / model / rollout overrides of the recipe
 }
 SETTINGS["drift_floor0"] = [*SETTINGS["drift"], "select.min_shift=0.0"]  # post hoc, see the docstring
 CUES = {"checks": "chk", "drift": "wait", "drift_floor0": "wait"}
-CALIB_POOL, CALIB_SAMPLES, WINDOW = 256, 16, 2
+WINDOW = 2
 
 
 def near(positions: list[int], marks: set[int], window: int) -> int:
@@ -58,22 +57,13 @@ def near(positions: list[int], marks: set[int], window: int) -> int:
 
 
 def premise(setting: str, seed: int) -> dict:
-    from groupwise.config import load
-    from groupwise.drivers.setup import build
-    from groupwise.select.pivottrace import PivotTraceSelector, auroc, cue_positions, majority, spearman
+    from groupwise.models.tiny import build_tokenizer
+    from groupwise.select.pivottrace import auroc, cue_positions, spearman
 
-    cfg = load(RECIPE, [*SETTINGS[setting], f"seed={seed}", "trainer.threads=1", "trainer.progress=false"])
-    c = build(cfg)
-    tok = c.tokenizer
+    tok = build_tokenizer()  # the embedded model's tokenizer (the recipe's model)
     out: dict = {"setting": setting, "seed": seed, "n_problems": CALIB_POOL, "samples": CALIB_SAMPLES,
                  "cue": CUES[setting], "window": WINDOW}
-    for scorer in ("js", "lookback"):
-        sel_cfg = dataclasses.replace(cfg.select.cfg, pool_size=CALIB_POOL, probe_samples=CALIB_SAMPLES, scorer=scorer)
-        sel = PivotTraceSelector(sel_cfg, c.task, cfg.seed)
-        probes = sel.probe(sel.pool, c.context(0))
-        err = [1 - statistics.fmean(p.correct) for p in probes]
-        dens, ent = [p.density for p in probes], [p.entropy for p in probes]
-        wrong = [majority(p.answers)[0] != q.answer for p, q in zip(probes, sel.pool)]
+    for scorer, _, probes, err, dens, ent, wrong in calibration_probes([*SETTINGS[setting], f"seed={seed}"]):
         # trace level: where the pivots sit relative to the cue tokens, and the cue's link to errors
         piv_near = piv_all = pos_near = pos_all = cue_hit = 0
         dens_cue, dens_none, cue_wrong, nocue_wrong, trace_dens, trace_wrong = [], [], [], [], [], []
