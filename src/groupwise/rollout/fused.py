@@ -18,7 +18,7 @@ prompt); its cache is copied into the buffer. Outputs equal the model's decode u
 
 Supported (``unsupported(model, length)`` says why not, and the generator then runs the model's own forward):
 model types llama, mistral, qwen2, qwen3 with SiLU MLPs, plain ``nn.Linear`` projections (a peft LoRA
-policy's wrapped projections fall back), no tensor-parallel pretraining split, and no sliding-window layer
+policy's wrapped projections fall back), plain-tensor weights (a sharded DTensor falls back), no tensor-parallel pretraining split, and no sliding-window layer
 whose window is shorter than the generation's total length.
 """
 
@@ -60,6 +60,8 @@ def unsupported(model: torch.nn.Module, length: int) -> str | None:
         for lin in (att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             if type(lin) is not torch.nn.Linear:
                 return f"projection of type {type(lin).__name__} (fused decode needs plain nn.Linear)"
+            if type(lin.weight.data) is not torch.Tensor:  # e.g. an FSDP2 shard (DTensor) outside full_weights()
+                return f"parameters of type {type(lin.weight.data).__name__} (fused decode needs plain tensors)"
     return None
 
 
