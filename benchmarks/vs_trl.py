@@ -274,9 +274,8 @@ def side_groupwise(spec: dict) -> dict:
             rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
             zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
             rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"]))
-    gen = getattr(c.generator, "inner", c.generator)
-    reason = gen.fused_reason(spec["max_tokens"] + 1024) if spec.get("fused_decode") else "not asked"
-    return {"steps": steps, "setup_s": setup_s, "decode_path": "fused" if reason is None else f"model ({reason})"}
+    path = getattr(getattr(c.generator, "inner", c.generator), "decode_path", "")  # the last generate call's
+    return {"steps": steps, "setup_s": setup_s, "decode_path": path if spec.get("fused_decode") else "not asked"}
 
 
 def side_trl(spec: dict) -> dict:

@@ -62,7 +62,7 @@ CALIB_POOL, CALIB_SAMPLES = 256, 16
 
 def calibration_probes(overrides: list[str]):
     """For each attention scorer (js, lookback): (scorer, selector, probes, per-problem error rate, pivot density,
-    mean entropy, majority wrong) over CALIB_POOL pool problems x CALIB_SAMPLES probe traces from the warm start of
+    mean entropy, majority wrong, the run's tokenizer) over CALIB_POOL pool problems x CALIB_SAMPLES probe traces from the warm start of
     RECIPE + ``overrides``, in-process. Both scorers see the same traces (the probe's generator seed depends only on
     (seed, step, stage)); experiments/pivottrace_premise.py uses it too."""
     import dataclasses
@@ -78,7 +78,8 @@ def calibration_probes(overrides: list[str]):
         sel = PivotTraceSelector(sel_cfg, c.task, cfg.seed)
         probes = sel.probe(sel.pool, c.context(0))
         yield (scorer, sel, probes, [1 - statistics.fmean(p.correct) for p in probes], [p.density for p in probes],
-               [p.entropy for p in probes], [majority(p.answers)[0] != q.answer for p, q in zip(probes, sel.pool)])
+               [p.entropy for p in probes], [majority(p.answers)[0] != q.answer for p, q in zip(probes, sel.pool)],
+               c.tokenizer)
 
 
 def calibration(out_dir: Path) -> dict:
@@ -91,7 +92,7 @@ def calibration(out_dir: Path) -> dict:
 
     out: dict = {"n_problems": CALIB_POOL, "samples": CALIB_SAMPLES, "buckets": {}}
     rng = random.Random(0)
-    for scorer, sel, probes, err, dens, ent, wrong in calibration_probes(SETTING):
+    for scorer, sel, probes, err, dens, ent, wrong, _ in calibration_probes(SETTING):
         sel_cfg = sel.cfg
         out.update({"error_rate": statistics.fmean(err), "spearman_entropy_err": spearman(ent, err),
                     "spearman_difficulty_err": spearman([p.difficulty for p in sel.pool], err),

@@ -57,13 +57,11 @@ def near(positions: list[int], marks: set[int], window: int) -> int:
 
 
 def premise(setting: str, seed: int) -> dict:
-    from groupwise.models.tiny import build_tokenizer
     from groupwise.select.pivottrace import auroc, cue_positions, spearman
 
-    tok = build_tokenizer()  # the embedded model's tokenizer (the recipe's model)
     out: dict = {"setting": setting, "seed": seed, "n_problems": CALIB_POOL, "samples": CALIB_SAMPLES,
                  "cue": CUES[setting], "window": WINDOW}
-    for scorer, _, probes, err, dens, ent, wrong in calibration_probes([*SETTINGS[setting], f"seed={seed}"]):
+    for scorer, _, probes, err, dens, ent, wrong, tok in calibration_probes([*SETTINGS[setting], f"seed={seed}"]):
         # trace level: where the pivots sit relative to the cue tokens, and the cue's link to errors
         piv_near = piv_all = pos_near = pos_all = cue_hit = 0
         dens_cue, dens_none, cue_wrong, nocue_wrong, trace_dens, trace_wrong = [], [], [], [], [], []

@@ -53,6 +53,7 @@ class HFGenerator:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._cache_kw = cache_keyword(model)
         self._warned = False
+        self.decode_path = ""  # the decode path of the last generate call: fused, or model (and why)
 
     def sync_weights(self, model: torch.nn.Module) -> None:  # shares parameters with the trainer
         assert model is self.model
@@ -92,16 +93,18 @@ class HFGenerator:
         """Why ``decode: fused`` cannot run for ``length``-token sequences (None: it runs)."""
         return fused.unsupported(self.model, length)
 
-    def _decoder(self, cache, attn: Tensor, steps: int) -> fused.FusedDecoder | None:
-        if self.cfg.decode != "fused":
-            return None
-        reason = self.fused_reason(attn.shape[1] + steps)
+    def _decoder(self, cache, attn: Tensor, steps: int):
+        """The decode step for one generate call (``fused.FusedDecoder`` or ``_ModelDecoder``); which one ran is
+        in ``decode_path``."""
+        reason = self.fused_reason(attn.shape[1] + steps) if self.cfg.decode == "fused" else "not asked"
         if reason is None:
+            self.decode_path = "fused"
             return fused.FusedDecoder(self.model, cache, attn, steps)
-        if not self._warned:
+        self.decode_path = "model" if reason == "not asked" else f"model ({reason})"
+        if reason != "not asked" and not self._warned:
             warnings.warn(f"rollout.generator decode: fused falls back to the model's forward: {reason}", stacklevel=2)
             self._warned = True
-        return None
+        return _ModelDecoder(self.model, cache, attn, self._cache_kw)
 
     def _generate(self, reqs: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
         cache, logits, attn, next_pos = self._prefill(reqs)
@@ -118,18 +121,9 @@ class HFGenerator:
                 break
             if st.live.float().mean() < self.cfg.compact_below:  # shrink the cache to the live rows
                 keep = torch.nonzero(st.live).flatten()
-                if dec is not None:
-                    dec.keep(keep.to(logits.device))
-                else:
-                    cache.batch_select_indices(keep.to(logits.device))
-                st.rows, st.live, attn, next_pos, tok = st.rows[keep], st.live[keep], attn[keep], next_pos[keep], tok[keep]
-            if dec is not None:
-                logits = dec.step(tok, next_pos)
-            else:
-                attn = torch.cat([attn, attn.new_ones(len(st.rows), 1)], dim=1)
-                o = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos.unsqueeze(-1),
-                               use_cache=True, **{self._cache_kw: cache})
-                logits = o.logits[:, -1]
+                dec.keep(keep.to(logits.device))
+                st.rows, st.live, next_pos, tok = st.rows[keep], st.live[keep], next_pos[keep], tok[keep]
+            logits = dec.step(tok, next_pos)
             next_pos = next_pos + 1
         return st.completions()
 
@@ -139,6 +133,24 @@ class HFGenerator:
             tail = self.tokenizer.decode(st.tokens[r, max(0, t - 24):t + 1].tolist(), skip_special_tokens=True)
             if any(tail.endswith(s) for s in stop):
                 done[i], st.reason[r] = True, "stop"
+
+
+class _ModelDecoder:
+    """``decode: model``: each step is the model's own forward on its ``DynamicCache`` (the interface of
+    ``fused.FusedDecoder``: ``keep`` drops finished rows, ``step`` feeds one token per row)."""
+
+    def __init__(self, model: torch.nn.Module, cache, attn: Tensor, cache_kw: str):
+        self.model, self.cache, self.attn, self.cache_kw = model, cache, attn, cache_kw
+
+    def keep(self, rows: Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.attn = self.attn[rows]
+
+    def step(self, tok: Tensor, pos: Tensor) -> Tensor:
+        self.attn = torch.cat([self.attn, self.attn.new_ones(len(tok), 1)], dim=1)
+        o = self.model(input_ids=tok.unsqueeze(-1), attention_mask=self.attn, position_ids=pos.unsqueeze(-1),
+                       use_cache=True, **{self.cache_kw: self.cache})
+        return o.logits[:, -1]
 
 
 @dataclasses.dataclass

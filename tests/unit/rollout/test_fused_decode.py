@@ -90,6 +90,7 @@ def test_fused_decode_reads_the_current_weights(tokenizer):
     gen = HFGenerator(HFConfig(decode="fused"), model, tokenizer)
     params = SamplingParams(max_tokens=8, temperature=0.0)
     before = gen.generate(requests(tokenizer), params, torch.Generator())
+    assert gen.decode_path == "fused"
     with torch.no_grad():  # an in-place update, as the optimizer does between generate calls
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
@@ -110,6 +111,7 @@ def test_unsupported_models_fall_back_with_one_warning(tokenizer):
         a = gen.generate(requests(tokenizer), params, torch.Generator())
         gen.generate(requests(tokenizer), params, torch.Generator())
     assert len([w for w in caught if "decode: fused falls back" in str(w.message)]) == 1
+    assert gen.decode_path.startswith("model (model type 'gpt2'")
     b = HFGenerator(HFConfig(), gpt2, tokenizer).generate(requests(tokenizer), params, torch.Generator())
     assert all(torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(a, b))
 
