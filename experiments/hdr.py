@@ -39,6 +39,13 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      35 steps, about 0.75 x grpo24's generated tokens, with a held-out eval at step 35 (copies in ext35/): does
      HDR reach grpo24's final mean@4 with >= 25% fewer generated tokens (the compass goal), and does plain GRPO?
 
+  5. latency_full (issue 14, added after phases 1-4; its setting fixed before its runs): the latency regime
+     measured over whole runs instead of derived: grpo16 (35 steps), grpo24 (30 steps) and hdr (35 steps, the
+     phase-1 tau), seeds 0 1 2, ``task.env_latency_s = 0.05``, held-out eval every 5 steps (outside the
+     wall-clock); measured wall-clock (``perf/wall_s_total``, sleeps included) and generated tokens to reach
+     the latency grpo24 runs' own final mean@4 (the sleep does not change what is learned). Written to
+     ``latency_full.md``; run with ``--phase latency_full``, not part of ``--phase all``.
+
 The step-0 held-out eval is run once per seed (arm grpo16): every arm of a seed starts from the same warm
 start and the eval sampler is seeded by the run seed only, so the other arms' step-0 evals would be identical.
 
@@ -67,13 +74,14 @@ SWEEP_SEED, SWEEP_STEPS, TAUS, EXTRA_TAU = 100, 30, (1e-3, 1e-2, 1e-1), 1.0
 LATENCY_S, LATENCY_STEPS, LATENCY_ARMS = 0.05, 6, ("grpo16", "grpo24", "hdr")
 LAT_MS = round(LATENCY_S * 1000)
 EXT_STEPS, EXT_ARMS = 35, ("grpo16", "hdr")
+FULL_STEPS, FULL_EVAL_EVERY = {"grpo16": EXT_STEPS, "grpo24": STEPS, "hdr": EXT_STEPS}, 5  # phase 5
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
 BASE_ARM = "grpo16"  # the only arm that evaluates at step 0; the others share its (identical) step-0 eval
 
 
 def own_args(p: argparse.ArgumentParser) -> None:
     """``--phase`` and ``--arms A B ..`` (main-phase filter): they let two single-thread lanes split the runs."""
-    p.add_argument("--phase", choices=("all", "main", "latency", "extend", "report"), default="all")
+    p.add_argument("--phase", choices=("all", "main", "latency", "extend", "report", "latency_full"), default="all")
     p.add_argument("--arms", nargs="+", default=[])
 
 
@@ -192,6 +200,54 @@ def with_latency_x(run: Path) -> dict[int, float]:
         wall, n = x["perf/wall_s_total"], n + x["rollout/samples"]
         out[x["step"]] = wall + LATENCY_S * n
     return out
+
+
+# ------------------------------------------------------------------------------------------ phase 5
+def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
+    """Whole runs with a real 50 ms per verified rollout: measured wall-clock and tokens to grpo24's accuracy."""
+    from groupwise import catalog
+    from groupwise.config import load
+    from groupwise.models.warm_start import ensure_warm_start
+    from groupwise.registry import BuildEnv
+
+    cfg = load(RECIPE)
+    model_dir = ensure_warm_start(cfg.model.path.split(":", 1)[1],
+                                  catalog.build(cfg.task, BuildEnv(run=cfg, seed=0)), cfg.model)
+    extra = [*COMMON, f"model.path={model_dir}", f"task.env_latency_s={LATENCY_S}", f"eval.every={FULL_EVAL_EVERY}"]
+    todo = {f"latfull_{a}": [*extra, f"trainer.steps={FULL_STEPS[a]}", *ov] for a, ov in arms(tau).items()
+            if a in FULL_STEPS}
+    if not args.report_only:
+        run_claimed(todo, sub_args(args, args.seeds))
+    runs = harness.run_arms("hdr", RECIPE, todo, argparse.Namespace(**{**vars(sub_args(args, args.seeds)),
+                                                                        "report_only": True}))
+    key = "eval/mean_at_k"
+    target = statistics.fmean(harness.final_eval(d, key) for d in runs["latfull_grpo24"])
+    ref = {x: statistics.fmean(rows(d)[-1][x] for d in runs["latfull_grpo24"])
+           for x in ("perf/wall_s_total", "perf/gen_tokens_total")}
+    lines = [f"# HDR in the latency regime, measured over whole runs ({LAT_MS} ms per verified rollout)\n",
+             f"Seeds {args.seeds}; tau = {tau:g}; held-out eval every {FULL_EVAL_EVERY} steps (not in the wall-clock); "
+             f"target = the latency grpo24 runs' final mean@4 = {target:.3f}. Cells: mean ± std [min, max] over "
+             "seeds; 'to target' is interpolated between evals, over the seeds that reach it, and x is relative to "
+             "grpo24's mean total.\n",
+             "| arm | steps | final mean@4 | wall-clock s (measured) | of it: environment sleep s | generated tokens "
+             "| seeds reaching target | wall-clock s to target | generated tokens to target |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arm, dirs in runs.items():
+        fin = harness.agg([harness.final_eval(d, key) for d in dirs])
+        wall = harness.agg([rows(d)[-1]["perf/wall_s_total"] for d in dirs])
+        sleep = harness.agg([LATENCY_S * sum(x["rollout/samples"] for x in rows(d)) for d in dirs])
+        toks = harness.agg([rows(d)[-1]["perf/gen_tokens_total"] for d in dirs])
+        n_got = sum(first_reach(eval_curve(d, key, "step"), target) is not None for d in dirs)
+        cells = []
+        for x in ("perf/wall_s_total", "perf/gen_tokens_total"):
+            got = [r for r in (first_reach(eval_curve(d, key, x), target) for d in dirs) if r is not None]
+            cells.append((f"{harness.fmt(harness.agg(got), 0)} ({statistics.fmean(got) / ref[x]:.2f}x)") if got else "-")
+        lines.append(f"| {arm[len('latfull_'):]} | {FULL_STEPS[arm[len('latfull_'):]]} | {harness.fmt(fin)} | "
+                     f"{harness.fmt(wall, 0)} | {harness.fmt(sleep, 0)} | {harness.fmt(toks, 0)} | {n_got}/{len(dirs)} | "
+                     + " | ".join(cells) + " |")
+    md = "\n".join(lines) + "\n"
+    (out_dir / "latency_full.md").write_text(md)
+    return md
 
 
 # ------------------------------------------------------------------------------------------ phase 4
@@ -422,6 +478,9 @@ def main() -> None:
         return
     if phase == "latency":
         latency(args, tau, claim=True)
+        return
+    if phase == "latency_full":
+        print(latency_full(args, tau, out_dir))
         return
     if phase == "extend":
         print(extend(harness.run_arms("hdr", RECIPE, todo, argparse.Namespace(**{**vars(args), "report_only": True})),

@@ -1,5 +1,5 @@
-"""``correctness`` (the verifier's verdict as 0/1), ``format`` (the task's structure check as 0/1) and
-``correct_on`` (the verdict on the problems whose gold label a task corrupted, or on the others: a diagnostic).
+"""``correctness`` (the verifier's verdict as 0/1), ``format`` (the task's structure check as 0/1),
+``step_credit`` (the task's partial credit in [0, 1], for a graded reward) and ``correct_on`` (the verdict on the problems whose gold label a task corrupted, or on the others: a diagnostic).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from groupwise.registry import NoConfig
+from groupwise.registry import ConfigError, NoConfig
 from groupwise.rewards import REWARDS
 from groupwise.types import Group
 
@@ -29,6 +29,18 @@ def correctness(cfg: NoConfig, env):
 @REWARDS.register("format", config=NoConfig)
 def format_(cfg: NoConfig, env):
     return per_sample(lambda s, p: env.task.format_ok(s.text))
+
+
+@REWARDS.register("step_credit", config=NoConfig)
+def step_credit(cfg: NoConfig, env):
+    """The task's partial credit ``task.step_credit(problem, completion)`` in [0, 1] (the lab: the fraction of the
+    chain's running values written at the right step). With ``correctness`` it makes a graded reward (LamPO's
+    spec: more than two reward levels, so the pairwise structure carries information beyond the mean)."""
+    fn = getattr(env.task, "step_credit", None)
+    if fn is None:
+        raise ConfigError(f"reward step_credit: task {type(env.task).__name__} has no step_credit(problem, "
+                          "completion) method (the built-in lab has one); drop the term or add the method")
+    return per_sample(lambda s, p: fn(p, s.text))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

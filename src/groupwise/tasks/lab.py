@@ -55,6 +55,7 @@ FILLERS = ("well ", "ok ", "note ", "hmm ")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _FORMAT = re.compile(r"(<NT>|<SH>|<LG>)?(<think>[^<]*</think>)?<answer>[^<]+</answer>")
 _RESULT = re.compile(r"=(\d+);")
+_RETRACTED = re.compile(r"[^;]*=\d+;wait ")  # a step that ``wait`` retracts (p_fix)
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -260,6 +261,19 @@ class Lab:
 
     def format_ok(self, completion: str) -> bool:
         return _FORMAT.fullmatch(completion.strip()) is not None
+
+    def step_credit(self, problem: Problem, completion: str) -> float:
+        """Partial credit: the fraction of the chain's k running values (the clean chain's, whatever label the
+        problem carries) that the completion writes at the right step, e.g. ``<think>3+5=8;8-2=5;5+7=2;`` on
+        ``3+5-2+7`` (values 8, 6, 3) -> 1/3: an early slip also costs the steps computed from it, as in the
+        spec's ToyArith "fraction of correct intermediate sums". Steps are the ``=v;`` results before the
+        commitment ``so``; a step retracted by ``wait`` is dropped (its recomputation counts). Long-style traces
+        only (a ``<SH>`` step covers two operations, an ``<NT>`` completion has none): 0 there."""
+        body = completion.split("<think>", 1)[1] if "<think>" in completion else ""
+        body = _RETRACTED.sub("", body.split("so ", 1)[0].split("</think>", 1)[0])
+        written = [int(v) for v in _RESULT.findall(body)]
+        values = self._values(list(problem.meta["xs"]), list(problem.meta["ops"]))
+        return sum(w == v for w, v in zip(written, values)) / len(values)
 
     def canonical_state(self, problem: Problem, partial: str) -> tuple[int, int] | None:
         """The exact state a partial completion ending at a step boundary (``;``) has reached: (segments written,

@@ -212,3 +212,45 @@ def test_correct_on_splits_the_verdict_by_corrupted_and_clean_labels():
     groups = [Group(bad, [sample(True), sample(False)]), Group(good, [sample(False), sample(True)])]
     assert correct_on(CorrectOnConfig(labels="corrupted"), None)(groups, 0) == [[1.0, 0.0], [None, None]]
     assert correct_on(CorrectOnConfig(labels="clean"), None)(groups, 0) == [[None, None], [0.0, 1.0]]
+
+
+@pytest.mark.parametrize(
+    "text,credit",
+    [
+        ("<think>3+5=8;8-2=6;6+7=3;so 3.</think><answer>3</answer>", 1.0),
+        ("<think>3+5=8;8-2=5;5+7=2;so 2.</think><answer>2</answer>", 1 / 3),  # a slip costs the steps after it
+        ("<think>3+5=9;wait 3+5=8;8-2=6;6+7=3;so 3.</think><answer>3</answer>", 1.0),  # the retracted step drops
+        ("<think>3+5=9;8-2=6;6+7=3;so 3.</think><answer>3</answer>", 2 / 3),
+        ("<think>3+5=8;8-2=6;6+7=3;so 3.chk 6+7=4;wait 6+7=4;so 4.</think><answer>4</answer>", 1.0),  # after so
+        ("<think>3+5=8;</think><answer>8</answer>", 1 / 3),
+        ("<answer>3</answer>", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_step_credit_is_the_share_of_running_values_written_at_their_step(text, credit):
+    from groupwise.types import Problem
+
+    problem = Problem(id="p", prompt="3+5-2+7", answer="3", difficulty=3, meta={"xs": (3, 5, 2, 7), "ops": ("+", "-", "+")})
+    assert Lab(LabConfig(), seed=0).step_credit(problem, text) == pytest.approx(credit, abs=1e-12)
+
+
+def test_step_credit_reward_is_full_on_reference_traces_and_needs_the_task_method():
+    import types
+
+    import torch
+
+    from groupwise.registry import ConfigError, NoConfig
+    from groupwise.rewards.basic import step_credit
+    from groupwise.types import Group, Sample
+
+    lab = Lab(LabConfig(**NOISY, label_noise=0.2), seed=0)
+    items = [lab.train[i] for i in range(50)]
+
+    def sample(text):
+        return Sample(prompt_ids=torch.tensor([1]), completion_ids=torch.tensor([2]), rollout_logprobs=torch.zeros(1),
+                      loss_mask=torch.ones(1, dtype=torch.bool), finish_reason="stop", text=text)
+
+    got = step_credit(NoConfig(), types.SimpleNamespace(task=lab))([Group(p, [sample(p.reference)]) for p in items], 0)
+    assert got == [[1.0]] * len(items)  # corrupted labels included: the credit is the clean chain's
+    with pytest.raises(ConfigError, match="task SimpleNamespace has no step_credit"):
+        step_credit(NoConfig(), types.SimpleNamespace(task=types.SimpleNamespace()))
