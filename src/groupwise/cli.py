@@ -64,7 +64,7 @@ def _eval(args) -> int:
     from groupwise.config import load
     from groupwise.drivers.session import is_run_dir, latest_model_dir, run_config
     from groupwise.drivers.setup import build
-    from groupwise.eval import evaluate
+    from groupwise.eval import evaluate_run
     from groupwise.log import StorageError
 
     target = Path(args.target)
@@ -80,10 +80,7 @@ def _eval(args) -> int:
     cfg = load(recipe, [*overrides, f"model.path={model_dir}"])
     p = build(cfg)
     e = cfg.eval
-    metrics, _ = evaluate(p.generator, p.tokenizer, p.task, list(p.task.test[:e.n_problems]), p.encode, k=e.k,
-                          temperature=e.temperature, greedy=e.greedy, seed=cfg.seed,
-                          max_tokens=e.max_completion_tokens or cfg.rollout.max_completion_tokens,
-                          verify=p.reward.check, forced_prefix=e.forced_prefix)
+    metrics, _ = evaluate_run(p, p.task.test[:e.n_problems])
     if args.json:
         print(json.dumps(metrics, indent=1))
         return 0

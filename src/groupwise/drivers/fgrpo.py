@@ -62,7 +62,7 @@ from groupwise.drivers import DRIVERS, DriverRun
 from groupwise.drivers.session import Session
 from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.trainer import rl_step
-from groupwise.eval import evaluate
+from groupwise.eval import evaluate_run
 
 Weights = dict[str, Tensor]
 
@@ -270,18 +270,12 @@ class Client:
         return ClientResult({n: now[n] - w for n, w in weights.items()}, score, metrics)
 
     def accuracy(self, problems, **kw) -> dict[str, float]:
-        p = self.pipe
-        max_tokens = p.cfg.eval.max_completion_tokens or p.cfg.rollout.max_completion_tokens
-        metrics, _ = evaluate(p.generator, p.tokenizer, p.task, list(problems), p.encode, seed=p.cfg.seed,
-                              max_tokens=max_tokens, verify=p.reward.check, forced_prefix=p.cfg.eval.forced_prefix,
-                              **kw)
-        return metrics
+        return evaluate_run(self.pipe, problems, **kw)[0]
 
     def evaluate(self, weights: Weights) -> dict[str, float]:
         """The global model on this client's first ``eval.n_problems`` test problems."""
         self.load(weights)
-        e = self.pipe.cfg.eval
-        return self.accuracy(self.pipe.task.test[:e.n_problems], k=e.k, temperature=e.temperature, greedy=e.greedy)
+        return self.accuracy(self.pipe.task.test[:self.pipe.cfg.eval.n_problems])
 
     def state_dict(self) -> dict[str, Any]:
         return self.pipe.trainer_state()

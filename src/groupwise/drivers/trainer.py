@@ -20,7 +20,7 @@ from groupwise.drivers import DRIVERS, DriverRun, distributed
 from groupwise.drivers.session import Session, latest_model_dir  # noqa: F401  (latest_model_dir: public API)
 from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.stats import advantage_metrics, group_metrics
-from groupwise.eval import evaluate
+from groupwise.eval import evaluate_run
 from groupwise.types import Group, ScoredBatch, TokenBatch
 
 
@@ -98,11 +98,7 @@ def run_eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, fl
 
 def _eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, float]:
     e = p.cfg.eval
-    problems = list(p.task.test[:e.n_problems])
-    metrics, records = evaluate(p.generator, p.tokenizer, p.task, problems, p.encode, k=e.k,
-                                temperature=e.temperature, greedy=e.greedy, seed=p.cfg.seed,
-                                max_tokens=e.max_completion_tokens or p.cfg.rollout.max_completion_tokens,
-                                verify=p.reward.check, forced_prefix=e.forced_prefix)
+    metrics, records = evaluate_run(p, p.task.test[:e.n_problems])
     session.log_eval(step, tag, metrics, records, f"[{tag}] step {step}: mean@{e.k} "
                      f"{metrics.get('eval/mean_at_k', 0):.3f}  greedy {metrics.get('eval/greedy_acc', float('nan')):.3f}  "
                      f"len {metrics.get('eval/len_mean', 0):.1f}")

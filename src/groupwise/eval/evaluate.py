@@ -106,3 +106,12 @@ def summarize(records: list[dict], k: int) -> dict[str, float]:
     if greedy:
         m["eval/greedy_acc"] = statistics.fmean(r["correct"] for r in greedy)
     return m
+
+
+def evaluate_run(p, problems, **overrides):
+    """``evaluate`` on a built pipeline ``p`` with its run's eval settings (``eval.k``, ``temperature``,
+    ``greedy``, ``forced_prefix``, the token cap) and its verifier; ``overrides`` replace any of them."""
+    e = p.cfg.eval
+    kw = dict(k=e.k, temperature=e.temperature, greedy=e.greedy, seed=p.cfg.seed, verify=p.reward.check,
+              max_tokens=e.max_completion_tokens or p.cfg.rollout.max_completion_tokens, forced_prefix=e.forced_prefix)
+    return evaluate(p.generator, p.tokenizer, p.task, list(problems), p.encode, **{**kw, **overrides})
