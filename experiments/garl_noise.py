@@ -26,6 +26,11 @@ Hypothesis (fixed before the run, the paper's): final clean held-out mean@4 of g
 that of rloo and garl_q05; the training success on corrupted problems (reward/correct_on_corrupted) rises
 more under q = 1 than under q <= 0.5. Not tuned: the arms, budget and metrics are as stated here.
 
+Post hoc control (added after the noisy arms' results, before its own runs): rloo, garl_q1 and paft_q1 again
+with ``task.label_noise=0`` (arms ``*_clean``; the same warm start), so that the clean held-out accuracy a q = 1
+arm loses to the noise is measured against that arm's own noise-free accuracy, not against another q. Noise
+cost = mean@4 without noise - mean@4 with 20% noise, per arm.
+
 Metrics: held-out (clean) mean@4 / greedy / format after training (main: mean@4) and along training; training
 success on corrupted and on clean problems (``reward/correct_on_corrupted`` / ``reward/correct_on_clean``,
 weight-0 reward terms), first 10 steps against the last 20; the corrupted share of the step's samples
@@ -55,6 +60,8 @@ ARMS = {
     "garl_q1": [],  # the recipe's arm
     "paft_q1": ["advantage={name: paft, q: 1.0}", "advantage_transforms=[]", "loss.terms=[paft]"],
 }
+CLEAN_ARMS = ("rloo", "garl_q1", "paft_q1")  # the post hoc noise-free control (docstring)
+ARMS.update({f"{a}_clean": [*ARMS[a], "task.label_noise=0.0"] for a in CLEAN_ARMS})
 CORRUPT, CLEAN = "reward/correct_on_corrupted", "reward/correct_on_clean"
 
 
@@ -70,6 +77,8 @@ def main() -> None:
                  for k in ("mean_at_k", "greedy_acc", "format_frac")}
         cells["grad_norm(mean)"] = harness.agg([harness.tail_mean(d, "update/grad_norm", 10**9) for d in dirs])
         rows[arm] = cells
+        if arm.endswith("_clean"):
+            continue
         noise[arm] = {f"{name}({part})": harness.agg([fn(d, key) for d in dirs])
                       for name, key in (("corrupted", CORRUPT), ("clean", CLEAN))
                       for part, fn in (("head10", harness.head_mean), ("tail20", harness.tail_mean))}
@@ -88,6 +97,12 @@ def main() -> None:
              harness.table(rows, cols), "\nAlong training (mean@4):\n\n", harness.eval_curve(runs),
              "\n## Training success on corrupted vs clean problems (fitting the noise = corrupted rising)\n\n",
              harness.table(noise, noise_cols)]
+    cost = {a: {"mean@4, noise 0": rows[f"{a}_clean"]["mean_at_k"], "mean@4, noise 0.2": rows[a]["mean_at_k"],
+                "noise cost": harness.agg([harness.final_eval(c, "eval/mean_at_k") - harness.final_eval(n, "eval/mean_at_k")
+                                           for c, n in zip(runs[f"{a}_clean"], runs[a])])}
+            for a in CLEAN_ARMS}
+    lines += ["\n## Noise cost (post hoc control): clean held-out mean@4 without noise - with 20% noise, per seed\n\n",
+              harness.table(cost, ["mean@4, noise 0", "mean@4, noise 0.2", "noise cost"])]
     harness.write_report(out_dir, lines, plots)
 
 
