@@ -88,6 +88,12 @@ def eval_metric(run: Path, key: str, step: int) -> float:
     return next(r[key] for r in harness.metrics(run) if r["step"] == step and key in r)
 
 
+def mean_of(rows: list[dict], key: str) -> float:
+    """Mean of ``key`` over the rows that log it (a step with no correct / incorrect rollout logs no tail); NaN if none."""
+    vals = [r[key] for r in rows if key in r]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
 def per_run(run: Path, step: int | None = None) -> dict[str, float]:
     step = BUDGET[0] if step is None else step
     recs = records(run, step)
@@ -101,13 +107,9 @@ def per_run(run: Path, step: int | None = None) -> dict[str, float]:
             "edited frac": statistics.fmean(r.get("rollout/dre_edited_frac", 0.0) for r in rows),
             "gen tokens": rows[-1]["perf/gen_tokens_total"]}
     if "rollout/dre_tail_correct" in rows[0]:  # logged by the dre transform (the dre arm only)
-        out.update({
-            "train tail c (first 10)": statistics.fmean(r["rollout/dre_tail_correct"] for r in rows[:10]),
-            "train tail c (last 10)": statistics.fmean(r["rollout/dre_tail_correct"] for r in rows[-10:]),
-            "train tail i (first 10)": statistics.fmean(r["rollout/dre_tail_incorrect"] for r in rows[:10]
-                                                        if "rollout/dre_tail_incorrect" in r),
-            "train tail i (last 10)": statistics.fmean(r["rollout/dre_tail_incorrect"] for r in rows[-10:]
-                                                       if "rollout/dre_tail_incorrect" in r)})
+        out.update({f"train tail {c} ({part})": mean_of(sel, f"rollout/dre_tail_{key}")
+                    for c, key in (("c", "correct"), ("i", "incorrect"))
+                    for part, sel in (("first 10", rows[:10]), ("last 10", rows[-10:]))})
     return out
 
 

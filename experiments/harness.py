@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -176,7 +177,7 @@ def first_step_at(run: Path, key: str, level: float, window: int = 20, below: bo
 
 
 def agg(values: list[float]) -> dict[str, float]:
-    finite = all(v not in (float("inf"), float("-inf")) for v in values)  # e.g. "never reached" in steps-to-x
+    finite = all(math.isfinite(v) for v in values)  # e.g. "never reached" (inf) in steps-to-x, "none logged" (nan)
     return {"mean": statistics.fmean(values),
             "std": (statistics.stdev(values) if len(values) > 1 else 0.0) if finite else float("nan"),
             "min": min(values), "max": max(values), "n": len(values)}
