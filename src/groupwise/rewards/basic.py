@@ -1,5 +1,6 @@
 """``correctness`` (the verifier's verdict as 0/1), ``format`` (the task's structure check as 0/1),
-``step_credit`` (the task's partial credit in [0, 1], for a graded reward) and ``correct_on`` (the verdict on the problems whose gold label a task corrupted, or on the others: a diagnostic).
+``step_credit`` (the task's partial credit in [0, 1], for a graded reward) and ``correct_on`` (the verdict on
+the problems whose gold label a task corrupted, or on the others: a diagnostic).
 """
 
 from __future__ import annotations

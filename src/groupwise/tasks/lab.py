@@ -268,7 +268,8 @@ class Lab:
         ``3+5-2+7`` (values 8, 6, 3) -> 1/3: an early slip also costs the steps computed from it, as in the
         spec's ToyArith "fraction of correct intermediate sums". Steps are the ``=v;`` results before the
         commitment ``so``; a step retracted by ``wait`` is dropped (its recomputation counts). Long-style traces
-        only (a ``<SH>`` step covers two operations, an ``<NT>`` completion has none): 0 there."""
+        only: an ``<NT>`` completion scores 0, and a ``<SH>`` step covers two operations, so its positions do not
+        line up with the chain's (its score is not meaningful)."""
         body = completion.split("<think>", 1)[1] if "<think>" in completion else ""
         body = _RETRACTED.sub("", body.split("so ", 1)[0].split("</think>", 1)[0])
         written = [int(v) for v in _RESULT.findall(body)]
