@@ -20,7 +20,8 @@ Arms: rloo (= GARL q = 0, "GRPO without std"), GARL q = 0.5, GARL q = 1 (rloo + 
 (SFT on resampled successes, weight P̂^0 = 1), and GRPO (std) as the reference.
 Budget: 140 steps (eval every 20), fixed before any run from a 3-step smoke run of the recipe on the shared
 2-core machine: ~1.2 s per RL step, ~5 s per eval (128 problems, k = 4 + greedy), ~6 s start-up, so one run
-is ~215 s and the 15 runs ~54 min of one core (measured here: ~2 min a run; 24 runs with the control below) (the spec asks for no step count; the task brief's 60 min).
+is ~215 s and the 15 runs ~54 min of one core (the spec asks for no step count; the task brief's 60 min).
+Measured: ~2 min a run; 24 runs with the control below.
 
 Hypothesis (fixed before the run, the paper's): final clean held-out mean@4 of garl_q1 and paft_q1 is below
 that of rloo and garl_q05; the training success on corrupted problems (reward/correct_on_corrupted) rises
