@@ -34,6 +34,7 @@ Usage: PYTHONPATH=src python experiments/dre.py --jobs 1 [--seeds 0 1 2] [--repo
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -88,6 +89,13 @@ def eval_metric(run: Path, key: str, step: int) -> float:
     return next(r[key] for r in harness.metrics(run) if r["step"] == step and key in r)
 
 
+def skips_a_step(r: dict) -> bool:
+    """The eval record writes fewer step results (``=v;``) before its commitment than its problem has steps: the
+    reasoning itself was cut, not only the post-answer tail."""
+    body = r["text"].split("<think>", 1)[-1].split("so ", 1)[0].split("</think>", 1)[0]
+    return len(re.findall(r"=\d+;", body)) < r["difficulty"]
+
+
 def mean_of(rows: list[dict], key: str) -> float:
     """Mean of ``key`` over the rows that log it (a step with no correct / incorrect rollout logs no tail); NaN if none."""
     vals = [r[key] for r in rows if key in r]
@@ -103,6 +111,7 @@ def per_run(run: Path, step: int | None = None) -> dict[str, float]:
     out = {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs),
             "length correct": statistics.fmean(correct) if correct else 0.0, "tail correct": t["tail"],
             "pre-answer": t["pre"], "share with tail": t["tail>0"],
+            "skips a step": statistics.fmean(skips_a_step(r) for r in recs),
             "greedy": eval_metric(run, "eval/greedy_acc", step),
             "edited frac": statistics.fmean(r.get("rollout/dre_edited_frac", 0.0) for r in rows),
             "gen tokens": rows[-1]["perf/gen_tokens_total"]}
@@ -160,7 +169,8 @@ def main() -> None:
     runs = {"grpo": baseline, **runs}
     print("grpo baseline runs: " + ", ".join(str(r) for r in baseline), flush=True)
     finals = {arm: [per_run(r) for r in dirs] for arm, dirs in runs.items()}
-    cols = ["mean@4", "greedy", "length", "length correct", "tail correct", "pre-answer", "share with tail"]
+    cols = ["mean@4", "greedy", "length", "length correct", "tail correct", "pre-answer", "share with tail",
+            "skips a step"]
     train_cols = ["edited frac", "train tail c (first 10)", "train tail c (last 10)", "train tail i (first 10)",
                   "train tail i (last 10)", "gen tokens"]
     rows = {arm: {c: harness.agg([f[c] for f in fs]) for c in cols + train_cols if c in fs[0]}
@@ -180,6 +190,8 @@ def main() -> None:
              f"length {100 * (d['length']['mean'] / g['length']['mean'] - 1):+.1f}%, "
              f"mean@4 {100 * (d['mean@4']['mean'] - g['mean@4']['mean']):+.1f} points, "
              f"pre-answer tokens {d['pre-answer']['mean'] - g['pre-answer']['mean']:+.1f}"]
+    for key, what in (("eval/mean_at_k", "mean@4"), ("eval/len_mean", "length")):
+        lines.append(f"\nHeld-out {what} along training:\n\n" + harness.eval_curve(runs, key, BUDGET[0]))
     pngs = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/len_mean", "eval/len_correct_mean"], out / "curves.png"),
             tail_curve(runs, out)]
     lines.append("\nPlots: " + ", ".join(p.name for p in pngs))

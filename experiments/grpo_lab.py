@@ -52,6 +52,12 @@ def main() -> None:
             "Cells: mean ± std [min, max] over seeds.\n\n" + harness.table(rows, list(KEYS))
             + "\nRL wall-clock per run (one torch thread, shared machine): "
             + ", ".join(f"{arm} {v:.0f} s" for arm, v in secs.items()) + f"\n\n![curves]({png.name})\n")
+    if "grpo_fused" in runs:  # the demo check: do the two decode paths train the same steps?
+        def losses(d):
+            return [r["loss/total"] for r in harness.metrics(d) if "loss/total" in r]
+        same = [sum(a == b for a, b in zip(losses(m), losses(f))) for m, f in zip(runs["grpo"], runs["grpo_fused"])]
+        text += ("\nSteps whose loss is bit-identical between `decode: model` and `decode: fused`, per seed: "
+                 + ", ".join(f"{n}/{len(losses(m))}" for n, m in zip(same, runs["grpo"])) + "\n")
     (out_dir / "results.md").write_text(text)
     print(text)
 

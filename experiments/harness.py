@@ -158,9 +158,9 @@ def eval_at(run: Path, step: int, key: str = "eval/mean_at_k") -> float:
     return next(r[key] for r in metrics(run) if r["step"] == step and key in r)
 
 
-def eval_curve(runs: dict[str, list[Path]], key: str = "eval/mean_at_k") -> str:
-    """A table of ``key`` at every evaluation step (the curve as numbers), one row per arm."""
-    steps = sorted({r["step"] for r in metrics(next(iter(runs.values()))[0]) if key in r})
+def eval_curve(runs: dict[str, list[Path]], key: str = "eval/mean_at_k", upto: float = float("inf")) -> str:
+    """A table of ``key`` at every evaluation step up to ``upto`` (the curve as numbers), one row per arm."""
+    steps = sorted({r["step"] for r in metrics(next(iter(runs.values()))[0]) if key in r and r["step"] <= upto})
     rows = {arm: {f"step {t}": agg([eval_at(d, t, key) for d in dirs]) for t in steps} for arm, dirs in runs.items()}
     return table(rows, [f"step {t}" for t in steps])
 

@@ -174,17 +174,22 @@ def acceptance(r: list[dict]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------ phase 3
-def latency(args: argparse.Namespace, tau: float, claim: bool = False) -> dict[str, list[Path]]:
+def warm_start_dir() -> Path:
+    """The recipe's cached warm start (built by phase 2's runs), for the latency runs: the latency knob is part of
+    the task config and would otherwise key a second warm start."""
     from groupwise import catalog
     from groupwise.config import load
     from groupwise.models.warm_start import ensure_warm_start
     from groupwise.registry import BuildEnv
 
     cfg = load(RECIPE)
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
-    model_dir = ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model)  # cached by phase 2
+    return ensure_warm_start(cfg.model.path.split(":", 1)[1], catalog.build(cfg.task, BuildEnv(run=cfg, seed=0)),
+                             cfg.model)
+
+
+def latency(args: argparse.Namespace, tau: float, claim: bool = False) -> dict[str, list[Path]]:
     steps = min(args.steps or LATENCY_STEPS, LATENCY_STEPS)
-    extra = [*COMMON, f"model.path={model_dir}", f"task.env_latency_s={LATENCY_S}", f"trainer.steps={steps}",
+    extra = [*COMMON, f"model.path={warm_start_dir()}", f"task.env_latency_s={LATENCY_S}", f"trainer.steps={steps}",
              "eval.before=false", "eval.after=false"]
     lat_arms = {f"latency_{a}": [*extra, *ov] for a, ov in arms(tau).items() if a in LATENCY_ARMS}
     if claim:
@@ -205,15 +210,7 @@ def with_latency_x(run: Path) -> dict[int, float]:
 # ------------------------------------------------------------------------------------------ phase 5
 def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
     """Whole runs with a real 50 ms per verified rollout: measured wall-clock and tokens to grpo24's accuracy."""
-    from groupwise import catalog
-    from groupwise.config import load
-    from groupwise.models.warm_start import ensure_warm_start
-    from groupwise.registry import BuildEnv
-
-    cfg = load(RECIPE)
-    model_dir = ensure_warm_start(cfg.model.path.split(":", 1)[1],
-                                  catalog.build(cfg.task, BuildEnv(run=cfg, seed=0)), cfg.model)
-    extra = [*COMMON, f"model.path={model_dir}", f"task.env_latency_s={LATENCY_S}", f"eval.every={FULL_EVAL_EVERY}"]
+    extra = [*COMMON, f"model.path={warm_start_dir()}", f"task.env_latency_s={LATENCY_S}", f"eval.every={FULL_EVAL_EVERY}"]
     todo = {f"latfull_{a}": [*extra, f"trainer.steps={FULL_STEPS[a]}", *ov] for a, ov in arms(tau).items()
             if a in FULL_STEPS}
     if not args.report_only:
@@ -229,21 +226,24 @@ def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
              f"target = the latency grpo24 runs' final mean@4 = {target:.3f}. Cells: mean ± std [min, max] over "
              "seeds; 'to target' is interpolated between evals, over the seeds that reach it, and x is relative to "
              "grpo24's mean total.\n",
-             "| arm | steps | final mean@4 | wall-clock s (measured) | of it: environment sleep s | generated tokens "
-             "| seeds reaching target | wall-clock s to target | generated tokens to target |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| arm | steps | final mean@4 | wall-clock s (measured) | of it: environment sleep s | compute s "
+             "(wall - sleep), per seed | generated tokens | seeds reaching target | wall-clock s to target | "
+             "generated tokens to target |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arm, dirs in runs.items():
+        name = arm.removeprefix("latfull_")
         fin = harness.agg([harness.final_eval(d, key) for d in dirs])
-        wall = harness.agg([rows(d)[-1]["perf/wall_s_total"] for d in dirs])
-        sleep = harness.agg([LATENCY_S * sum(x["rollout/samples"] for x in rows(d)) for d in dirs])
+        walls = [rows(d)[-1]["perf/wall_s_total"] for d in dirs]
+        sleeps = [LATENCY_S * sum(x["rollout/samples"] for x in rows(d)) for d in dirs]
         toks = harness.agg([rows(d)[-1]["perf/gen_tokens_total"] for d in dirs])
         n_got = sum(first_reach(eval_curve(d, key, "step"), target) is not None for d in dirs)
         cells = []
         for x in ("perf/wall_s_total", "perf/gen_tokens_total"):
             got = [r for r in (first_reach(eval_curve(d, key, x), target) for d in dirs) if r is not None]
             cells.append((f"{harness.fmt(harness.agg(got), 0)} ({statistics.fmean(got) / ref[x]:.2f}x)") if got else "-")
-        lines.append(f"| {arm[len('latfull_'):]} | {FULL_STEPS[arm[len('latfull_'):]]} | {harness.fmt(fin)} | "
-                     f"{harness.fmt(wall, 0)} | {harness.fmt(sleep, 0)} | {harness.fmt(toks, 0)} | {n_got}/{len(dirs)} | "
+        compute = " / ".join(f"{w - z:.0f}" for w, z in zip(walls, sleeps))
+        lines.append(f"| {name} | {FULL_STEPS[name]} | {harness.fmt(fin)} | {harness.fmt(harness.agg(walls), 0)} | "
+                     f"{harness.fmt(harness.agg(sleeps), 0)} | {compute} | {harness.fmt(toks, 0)} | {n_got}/{len(dirs)} | "
                      + " | ".join(cells) + " |")
     md = "\n".join(lines) + "\n"
     (out_dir / "latency_full.md").write_text(md)

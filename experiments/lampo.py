@@ -88,13 +88,7 @@ def main() -> None:
              f"Held-out mean@4 at the warm start: {before:.3f}.\n\n", harness.table(rows, cols),
              f"\nEval step at which mean@4 ≥ {target:.3f} (start + 80% of GRPO's mean gain; inf = not reached):\n\n"]
     lines += [f"- {arm}: {v}\n" for arm, v in speed.items()]
-    evals = sorted({r["step"] for r in harness.metrics(runs["grpo"][0]) if "eval/mean_at_k" in r})
-    lines += ["\nHeld-out mean@4 along training (mean ± std over seeds):\n\n| arm | " + " | ".join(f"step {e}" for e in evals)
-              + " |\n|---|" + "---|" * len(evals) + "\n"]
-    for arm, dirs in runs.items():
-        at = [harness.agg([next(r["eval/mean_at_k"] for r in harness.metrics(d) if r["step"] == e and "eval/mean_at_k" in r)
-                           for d in dirs]) for e in evals]
-        lines.append(f"| {arm} | " + " | ".join(f"{a['mean']:.3f} ± {a['std']:.3f}" for a in at) + " |\n")
+    lines += ["\nHeld-out mean@4 along training:\n\n", harness.eval_curve(runs)]
     lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
     (out_dir / "results.md").write_text("".join(lines))
     print("".join(lines))

@@ -229,6 +229,8 @@ def main() -> None:
     lines.append("\n## think_modes: held-out mode shares over training (mean over seeds)\n")
     lines.append("| step | " + " | ".join(MODES) + " |\n|---|---|---|---|")
     lines += [f"| {s} | " + " | ".join(f"{held[m][i]:.3f}" for m in MODES) + " |" for i, s in enumerate(steps)]
+    for key, what in (("eval/mean_at_k", "mean@4"), ("eval/len_mean", "length")):
+        lines.append(f"\n## Held-out {what} along training\n\n" + harness.eval_curve(runs, key, BUDGET[0]))
     pngs = plots(runs, out)
     lines.append("\nPlots: " + ", ".join(p.name for p in pngs))
     (out / "results.md").write_text("\n".join(lines) + "\n")
