@@ -78,6 +78,7 @@ class Options:
     prefix_tokens: int = 0
     shared_prefix: bool = False
     fused_decode: bool = False
+    gw: tuple[str, ...] = ()  # groupwise-only config overrides (``key=value``), e.g. one lever switched off
 
     @property
     def reward_kind(self) -> str:
@@ -234,7 +235,7 @@ def side_groupwise(spec: dict) -> dict:
         "trainer": {"steps": spec["steps"], "threads": spec["threads"], "progress": False, "sinks": []},
         "eval": {"before": False, "after": False},
     }
-    cfg = gconfig.load(None, (), base=base)
+    cfg = gconfig.load(None, tuple(spec.get("gw", ())), base=base)
     t0 = time.perf_counter()
     c = build(cfg)
     setup_s = time.perf_counter() - t0
@@ -275,7 +276,17 @@ def side_groupwise(spec: dict) -> dict:
             zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
             rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"]))
     path = getattr(getattr(c.generator, "inner", c.generator), "decode_path", "")  # the last generate call's
-    return {"steps": steps, "setup_s": setup_s, "decode_path": path if spec.get("fused_decode") else "not asked"}
+    asked = getattr(cfg.rollout.generator.cfg, "decode", "model") == "fused"
+    return {"steps": steps, "setup_s": setup_s, "decode_path": path if asked else "not asked",
+            "resolved": {k.split("=", 1)[0]: resolved(cfg, k.split("=", 1)[0]) for k in spec.get("gw", ())}}
+
+
+def resolved(cfg, key: str):
+    """The value a dotted config key resolved to (stepping into a component's own config), as written."""
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node.cfg if hasattr(node, "kind") and not hasattr(node, part) else node, part)
+    return node
 
 
 def side_trl(spec: dict) -> dict:
@@ -518,10 +529,12 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
         info["regime"] += ", groupwise optim.shared_prefix" if opts.shared_prefix else ""
     if opts.fused_decode:
         info["regime"] += "; groupwise rollout.generator.decode=fused"
+    if opts.gw:
+        info["regime"] += "; groupwise " + " ".join(opts.gw)
     spec = {"model_dir": info["model_dir"], "steps": opts.steps, "prompts": opts.prompts, "group": opts.group,
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
             "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens,
-            "shared_prefix": opts.shared_prefix, "fused_decode": opts.fused_decode}
+            "shared_prefix": opts.shared_prefix, "fused_decode": opts.fused_decode, "gw": list(opts.gw)}
     probes = [matmul_peak(opts.matmul_n, opts.threads)]
     runs = []
     for r in range(opts.repeats):
@@ -577,6 +590,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
                    help="groupwise: optim.shared_prefix (each group's prompt runs once in the update)")
     p.add_argument("--fused-decode", action="store_true",
                    help="groupwise: rollout.generator.decode=fused (Llama-family fused decode step)")
+    p.add_argument("--gw", action="append", metavar="KEY=VALUE",
+                   help="a groupwise-only config override (repeatable), e.g. optim.skip_inert_rows=false")
     p.add_argument("--quick", action="store_true", help="tiny settings for a seconds-long smoke run")
     p.add_argument("--in-process", action="store_true",
                    help="run both sides in this process (debugging; peak RSS is then not per side)")
@@ -584,7 +599,7 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
     values = dict(QUICK) if a.quick else {}
     for f in dataclasses.fields(Options):
         v = getattr(a, f.name, None)
-        if v is not None and f.name != "sides":
+        if v is not None and f.name not in ("sides", "gw"):
             values[f.name] = v
     if a.warm_start:
         values["warm_start"] = True
@@ -592,6 +607,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
         values["shared_prefix"] = True
     if a.fused_decode:
         values["fused_decode"] = True
+    if a.gw:
+        values["gw"] = tuple(a.gw)
     if a.sides:
         values["sides"] = tuple(s.strip() for s in a.sides.split(","))
         if not set(values["sides"]) <= set(SIDES):

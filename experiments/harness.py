@@ -165,6 +165,27 @@ def eval_curve(runs: dict[str, list[Path]], key: str = "eval/mean_at_k", upto: f
     return table(rows, [f"step {t}" for t in steps])
 
 
+def eval_points(run: Path, key: str = "eval/mean_at_k", x: str = "step") -> list[tuple[float, float]]:
+    """(x, held-out ``key``) at every evaluation, the warm start's first; x = the step, or a cumulative training
+    metric at that step (``perf/wall_s_total``, ``perf/gen_tokens_total``: 0 at step 0)."""
+    rows = metrics(run)
+    at = {0: 0.0, **{r["step"]: r.get(x, r["step"]) for r in rows if "perf/step_s" in r}}
+    pts = [(float(r["step"]) if x == "step" else at[r["step"]], r[key]) for r in rows if key in r]
+    if not any(r["step"] == 0 and key in r for r in rows):
+        pts.insert(0, (0.0, summary(run)["before"][key]))
+    return pts
+
+
+def first_reach(curve: list[tuple[float, float]], target: float) -> float | None:
+    """The x at which the (linearly interpolated) curve first reaches ``target``; None if it never does."""
+    if curve[0][1] >= target:
+        return curve[0][0]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if y0 < target <= y1:
+            return x0 + (x1 - x0) * (target - y0) / (y1 - y0)
+    return None
+
+
 def first_step_at(run: Path, key: str, level: float, window: int = 20, below: bool = False) -> float:
     """The first step whose trailing ``window``-step mean of ``key`` reaches ``level`` (falls under it with
     ``below``); inf if never."""

@@ -236,10 +236,10 @@ def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
         walls = [rows(d)[-1]["perf/wall_s_total"] for d in dirs]
         sleeps = [LATENCY_S * sum(x["rollout/samples"] for x in rows(d)) for d in dirs]
         toks = harness.agg([rows(d)[-1]["perf/gen_tokens_total"] for d in dirs])
-        n_got = sum(first_reach(eval_curve(d, key, "step"), target) is not None for d in dirs)
+        n_got = sum(harness.first_reach(eval_curve(d, key, "step"), target) is not None for d in dirs)
         cells = []
         for x in ("perf/wall_s_total", "perf/gen_tokens_total"):
-            got = [r for r in (first_reach(eval_curve(d, key, x), target) for d in dirs) if r is not None]
+            got = [r for r in (harness.first_reach(eval_curve(d, key, x), target) for d in dirs) if r is not None]
             cells.append((f"{harness.fmt(harness.agg(got), 0)} ({statistics.fmean(got) / ref[x]:.2f}x)") if got else "-")
         compute = " / ".join(f"{w - z:.0f}" for w, z in zip(walls, sleeps))
         lines.append(f"| {name} | {FULL_STEPS[name]} | {harness.fmt(fin)} | {harness.fmt(harness.agg(walls), 0)} | "
@@ -289,7 +289,7 @@ def extend(runs: dict[str, list[Path]], args: argparse.Namespace, out_dir: Path)
             pts = [(x[r["step"]], r[key]) for r in harness.metrics(d) if key in r]
             if pts[0][0] != 0.0:
                 pts.insert(0, (0.0, step0_eval(orig, key)))
-            reach.append(first_reach(pts, target))
+            reach.append(harness.first_reach(pts, target))
         got = [r for r in reach if r is not None]
         lines.append(f"| {arm} | {harness.fmt(harness.agg([f[key] for f in fin]))} | "
                      f"{harness.fmt(harness.agg([f['eval/greedy_acc'] for f in fin]))} | "
@@ -325,16 +325,6 @@ def interp(curve: list[tuple[float, float]], at: float) -> float:
         if x0 <= at <= x1:
             return y0 + (y1 - y0) * (at - x0) / (x1 - x0) if x1 > x0 else y1
     return curve[-1][1] if at > curve[-1][0] else curve[0][1]
-
-
-def first_reach(curve: list[tuple[float, float]], target: float) -> float | None:
-    """The x at which the (linearly interpolated) curve first reaches ``target``; None if it never does."""
-    if curve[0][1] >= target:
-        return curve[0][0]
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
-        if y0 < target <= y1:
-            return x0 + (x1 - x0) * (target - y0) / (y1 - y0)
-    return None
 
 
 def plot_xy(runs: dict[str, list[Path]], keys: list[str], x: str, xlabel: str, out: Path) -> None:
@@ -408,7 +398,7 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
         cells = []
         for x, ref in (("perf/gen_tokens_total", big_tokens), ("perf/wall_s_total", big_wall),
                        ("latency", big_lat)):
-            reach = [first_reach(eval_curve(d, key, x), target) for d in dirs]
+            reach = [harness.first_reach(eval_curve(d, key, x), target) for d in dirs]
             got = [r for r in reach if r is not None]
             cells.append(f"{len(got)}/{len(dirs)} | " + (f"{harness.fmt(harness.agg(got), 0)} "
                          f"({statistics.fmean(got) / ref:.2f}x)" if got else "not reached"))

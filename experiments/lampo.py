@@ -22,10 +22,11 @@ Arms (same recipe, steps, lr, seeds):
   lampo_b5   advantage lampo β = 5 (the recipe; the paper's value)
   lampo_b20  advantage lampo β = 20 (the β sweep's sharp end: the weights approach 0/1 by pair order)
 
-Budget: 100 steps x 4 arms x 3 seeds, eval every 20 steps (128 held-out problems, k = 4, T = 1), one torch
-thread per run (--jobs 1); the spec's 400 steps x 5 seeds did not fit the session's CPU (the curves say whether
-100 steps had flattened). An earlier 40-step block on the binary reward (grpo vs lampo_b5: 0.634 vs 0.624)
-is the previous docs/results.md verdict.
+Budget: 200 steps x 4 arms x 3 seeds, eval every 20 steps (128 held-out problems, k = 4, T = 1), one torch
+thread per run, two runs at a time; the spec's 400 steps x 5 seeds did not fit the session's CPU (the curves say
+whether 200 steps have flattened). The 100-step block before it (same setting; the lr schedule is constant and
+nothing depends on the step count, so its runs are these runs' first 100 steps) and a 40-step block on the binary
+reward (grpo vs lampo_b5: 0.634 vs 0.624) are earlier docs/results.md verdicts.
 
     PYTHONPATH=src python experiments/lampo.py --jobs 1
 """
@@ -41,7 +42,7 @@ import harness  # noqa: E402
 
 EXPERIMENT = "lampo"
 RECIPE = "recipes/lampo_lab.yaml"
-STEPS = 100
+STEPS = 200
 EVAL_EVERY = 20
 COMMON = ["reward.terms=[correctness, step_credit]", "trainer.save_every=0", f"eval.every={EVAL_EVERY}",
           "trainer.sinks=[jsonl]"]

@@ -16,9 +16,15 @@ eval every 20 steps on the 96 test questions (k = 4).
             replayed groups, recipes/hdr_lab.yaml's replay settings); wall-clock per step, searches per step.
             The model is loaded from the main phase's warm-start directory (the latency knob is part of the
             task config and would otherwise key a second warm start).
+  latency_full  (issue 14; setting fixed before its runs) the same three arms and 50 ms round trip over whole
+            runs: seeds 0 1 2, the recipe's 80 steps each, held-out eval every 10 steps (outside the wall-clock).
+            Target = grpo24's final held-out mean@4 (mean over its seeds). Reported: final mean@4, measured
+            wall-clock (every step's time, tool round trips included), searches and generated tokens in all, and
+            the wall-clock and generated tokens at which each seed first reaches the target (linear between
+            evals). Run with ``--phase latency_full``; not part of ``all``.
 
     PYTHONPATH=src python experiments/search.py --check-warm-start   # the check above
-    PYTHONPATH=src python experiments/search.py --jobs 1 [--phase main|latency|all] [--report-only]
+    PYTHONPATH=src python experiments/search.py --jobs 1 [--phase main|latency|all|latency_full] [--report-only]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
 HDR = "replay={name: hdr, capacity: 64, replay_groups: 8, tau: 0.001}"
 LATENCY_S, LATENCY_STEPS = 0.05, 6
 LATENCY_ARMS = {"grpo16": [], "grpo24": ["rollout.prompts_per_step=24"], "hdr": [HDR]}
+FULL_EVAL_EVERY = 10
 
 
 def warm_start_dir() -> Path:
@@ -93,6 +100,41 @@ def latency_phase(args) -> list[str]:
             head + "\n" + body]
 
 
+def latency_full_phase(args) -> list[str]:
+    extra = [*COMMON, f"model.path={warm_start_dir()}", f"task.tool_latency_s={LATENCY_S}",
+             f"eval.every={FULL_EVAL_EVERY}"]
+    runs = harness.run_arms(EXPERIMENT, RECIPE, {f"latfull_{a}": [*extra, *ov] for a, ov in LATENCY_ARMS.items()},
+                            args)
+    key = "eval/mean_at_k"
+    target = statistics.fmean(harness.final_eval(d, key) for d in runs["latfull_grpo24"])
+    train = {arm: [[r for r in harness.metrics(d) if "perf/step_s" in r] for d in dirs] for arm, dirs in runs.items()}
+    ref = {x: statistics.fmean(m[-1][x] for m in train["latfull_grpo24"])
+           for x in ("perf/wall_s_total", "perf/gen_tokens_total")}
+    lines = [f"## latency_full: {LATENCY_S * 1000:.0f} ms per search over whole runs (seeds {args.seeds})\n\n",
+             f"Held-out eval every {FULL_EVAL_EVERY} steps (not in the wall-clock); target = grpo24's final mean@4 = "
+             f"{target:.3f}. Cells: mean ± std [min, max] over seeds; 'to target' is interpolated between evals, over "
+             "the seeds that reach it (x: relative to grpo24's mean total); 'drift scan' is the step time outside "
+             "rollout and update (HDR's scoring of its stored groups).\n\n",
+             "| arm | final mean@4 | wall-clock s | drift scan s/step | searches | generated tokens | seeds reaching "
+             "target | wall-clock s to target | generated tokens to target |\n|---|---|---|---|---|---|---|---|---|\n"]
+    for arm, dirs in runs.items():
+        ms = train[arm]
+        cells = [harness.fmt(harness.agg([harness.final_eval(d, key) for d in dirs])),
+                 harness.fmt(harness.agg([m[-1]["perf/wall_s_total"] for m in ms]), 0),
+                 harness.fmt(harness.agg([statistics.fmean(r["perf/step_s"] - r["perf/rollout_s"] - r["perf/update_s"]
+                                                           for r in m) for m in ms]), 2),
+                 harness.fmt(harness.agg([sum(r["rollout/tool_calls"] * r["rollout/samples"] for r in m) for m in ms]), 0),
+                 harness.fmt(harness.agg([m[-1]["perf/gen_tokens_total"] for m in ms]), 0)]
+        reach = {x: [harness.first_reach(harness.eval_points(d, key, x), target) for d in dirs] for x in ref}
+        cells.append(f"{sum(r is not None for r in reach['perf/wall_s_total'])}/{len(dirs)}")
+        for x, got in reach.items():
+            got = [r for r in got if r is not None]
+            cells.append(f"{harness.fmt(harness.agg(got), 0)} ({statistics.fmean(got) / ref[x]:.2f}x)" if got else "-")
+        lines.append(f"| {arm.removeprefix('latfull_')} | " + " | ".join(cells) + " |\n")
+    lines += ["\nHeld-out mean@4 at every evaluation:\n\n", harness.eval_curve(runs)]
+    return lines
+
+
 def check_warm_start() -> None:
     """Held-out mean@4 / greedy through the tool loop of the recipe's warm start and of a clean one
     (``task.p_guess=0``, built once, ~10-15 min on 2 cores): can this model learn the loop and the task at all?"""
@@ -120,7 +162,7 @@ def argparse_like(args, **changes):
 
 def main() -> None:
     def own(p):
-        p.add_argument("--phase", choices=("all", "main", "latency"), default="all")
+        p.add_argument("--phase", choices=("all", "main", "latency", "latency_full"), default="all")
         p.add_argument("--check-warm-start", action="store_true", help="only evaluate the two warm starts")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
@@ -133,6 +175,11 @@ def main() -> None:
         lines += main_phase(args)
     if args.phase in ("all", "latency"):
         lines += latency_phase(args)
+    if args.phase == "latency_full":  # its own report, beside the main one
+        lines += latency_full_phase(args)
+        (out_dir / "latency_full.md").write_text("".join(lines))
+        print("".join(lines))
+        return
     harness.write_report(out_dir, lines, [])
 
 

@@ -235,6 +235,10 @@ class OptimConfig:
     completions of a group share their prompt's forward and its share of the backward
     (``forward.shared_prefix_logprobs``; equal to the unshared pass up to float summation order). Worth it when
     prompts are long next to completions."""
+    skip_inert_rows: bool = True
+    """Rows that can carry no loss (all loss weights 0, or all-zero advantages under ``advantage_only`` terms) skip
+    their forward and backward; false runs them anyway: the same update, for measuring the saving
+    (benchmarks/levers.py)."""
     nonfinite: Literal["restore", "stop"] = "restore"
     """A step that leaves a parameter NaN/inf: ``restore`` the pre-step weights (keeps one copy of the trainable
     parameters each step; right for the lab's small models) or ``stop`` the run with a one-line error (no

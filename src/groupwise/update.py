@@ -5,8 +5,8 @@ length and packed into micro-batches under ``micro_batch_tokens`` (padded prompt
 padded only to its own widths. A row is skipped (no forward, no backward) when it can carry no loss: all its
 loss weights are 0, or every active loss term is ``advantage_only`` and its advantages are all 0 (GRPO's
 zero-variance groups are often half the batch). Skipped rows still count in the step's denominators, so the
-update is identical, minus their passes. ``old_logprobs`` cost no forward pass: on-policy rows use the current
-policy's detached log-probs from the first epoch's forward (the weights have not moved yet, so ρ = 1
+update is identical, minus their passes (``optim.skip_inert_rows: false`` runs them anyway, to measure that).
+``old_logprobs`` cost no forward pass: on-policy rows use the current policy's detached log-probs from the first epoch's forward (the weights have not moved yet, so ρ = 1
 exactly); rows that carry stored behaviour log-probs (replay) use those. The reference model runs only when a
 ``needs=("ref",)`` term has non-zero weight, the teacher only when a ``needs=("teacher*",)`` term does (its
 outputs are computed in the first epoch and reused by later ones: the teacher's weights at the step's start).
@@ -196,6 +196,8 @@ class Learner:
 
     def active_rows(self, batch: TokenBatch) -> list[int]:
         """Rows that can carry loss (see the module docstring)."""
+        if not self.settings.optim.skip_inert_rows:
+            return list(range(len(batch.samples)))
         weighted = (batch.loss_weights * batch.completion_mask).ne(0).any(-1)  # [B]
         if self.inert:
             weighted &= batch.advantages.ne(0).any(-1)

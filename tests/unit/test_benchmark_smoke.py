@@ -76,3 +76,24 @@ def test_regime_c_puts_the_same_system_prompt_on_both_sides(vs_trl, tmp_path):
     for side in ("trl", "groupwise"):
         assert runs[side]["steps"][0]["prompt_tokens"] == 4 * (tok_chars + len(plain) * (40 + 1))  # G = 4; system + "\n"
     assert "40-token system prompt" in result["regime"] and "shared_prefix" in result["regime"]
+
+
+def test_levers_quick_run_switches_each_lever_alone(vs_trl, tmp_path):
+    spec = importlib.util.spec_from_file_location("levers", ROOT / "benchmarks" / "levers.py")
+    levers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(levers)
+    result = levers.main(["--quick", "--in-process", "--matmul-n", "128", "--levers", "skip_inert_rows,share_prefill",
+                          "--workdir", str(tmp_path / "w")])
+    assert list(result["summary"]) == ["trl", "all off", "+ skip_inert_rows", "+ share_prefill", "defaults", "all on"]
+    runs = {r["side"]: r for r in result["runs"]}
+    assert runs["all off"]["resolved"] == {"optim.skip_inert_rows": False, "rollout.generator.share_prefill": False,
+                                           "rollout.generator.compact_below": 0.0, "optim.micro_batch_tokens": 8192,
+                                           "rollout.generator.decode": "model", "optim.shared_prefix": False}
+    on = runs["+ share_prefill"]["resolved"]
+    assert on["rollout.generator.share_prefill"] is True and on["optim.skip_inert_rows"] is False
+    assert runs["all on"]["decode_path"] == "fused" and runs["defaults"]["resolved"] == {}
+    gen = {name: [s["gen_tokens"] for s in r["steps"]] for name, r in runs.items()}
+    assert len({tuple(v) for v in gen.values()}) == 1  # full-length regime: the same work in every variant
+    for row in result["summary"].values():
+        assert row["step_s"] > 0 and row["trl_ratio"] > 0
+    assert result["summary"]["all off"]["vs_all_off"] == 1.0

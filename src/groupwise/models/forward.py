@@ -89,17 +89,23 @@ def shared_prefix_logprobs(model: torch.nn.Module, packed: Packed, prompts: list
     return _from_logits(logits, packed, temperature, with_entropy, with_vocab)
 
 
-def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device) -> tuple[Any, Tensor, Tensor]:
+def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
+            share: bool = True) -> tuple[Any, Tensor, Tensor]:
     """One forward per distinct prompt (left-padded), its KV cache expanded to one row per prompt given (an index:
     differentiable, so under grad each distinct prompt's backward also runs once). Returns (cache, the last
-    prompt position's logits [B, V], the attention mask [B, W]); generation and ``shared_prefix_logprobs`` share it."""
-    index: dict[tuple[int, ...], int] = {}
-    row = torch.tensor([index.setdefault(tuple(p.tolist()), len(index)) for p in prompts], device=device)
-    width = max(len(p) for p in index)
-    ids = torch.full((len(index), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(index), width), dtype=torch.long)
-    for u, p in enumerate(index):
-        ids[u, width - len(p):], attn[u, width - len(p):] = torch.tensor(p), 1
+    prompt position's logits [B, V], the attention mask [B, W]); generation and ``shared_prefix_logprobs`` share it.
+    ``share=False`` runs every prompt given, duplicates included (``rollout.generator.share_prefill``)."""
+    distinct: dict[Any, int] = {}  # prompt (or its position, unshared) -> its row in the forward
+    row_of = [distinct.setdefault(tuple(p.tolist()) if share else i, len(distinct)) for i, p in enumerate(prompts)]
+    uniq: dict[int, Tensor] = {}
+    for p, u in zip(prompts, row_of):
+        uniq.setdefault(u, p)
+    row = torch.tensor(row_of, device=device)
+    width = max(len(p) for p in uniq.values())
+    ids = torch.full((len(uniq), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(uniq), width), dtype=torch.long)
+    for u, p in uniq.items():
+        ids[u, width - len(p):], attn[u, width - len(p):] = p.cpu(), 1
     ids, attn = ids.to(device), attn.to(device)
     out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
                 use_cache=True, logits_to_keep=1)

@@ -26,7 +26,10 @@ class HFConfig:
     max_batch_rows: int = 1024
     """Rows per generation pass; larger requests are split."""
     compact_below: float = 0.75
-    """Drop finished rows from the KV cache once live rows fall below this share of the batch."""
+    """Drop finished rows from the KV cache once live rows fall below this share of the batch (0: never)."""
+    share_prefill: bool = True
+    """Identical prompts (a group's G samples) share one prefill forward; false prefills every row (the same
+    tokens and log-probs up to float summation order; for measuring the saving, benchmarks/levers.py)."""
     decode: Literal["model", "fused"] = "model"
     """``model``: every decode step is the model's own forward with its ``DynamicCache``. ``fused``: Llama-family
     models (llama, mistral, qwen2, qwen3) decode with fused QKV and gate/up GEMMs and a preallocated KV buffer
@@ -74,7 +77,8 @@ class HFGenerator:
     def _prefill(self, reqs: list[Request]):
         """One forward per distinct prompt (left-padded), its cache expanded to one row per request."""
         dev = next(self.model.parameters()).device
-        cache, logits, attn = prefill(self.model, [r.prompt_ids for r in reqs], self.pad_id, dev)
+        cache, logits, attn = prefill(self.model, [r.prompt_ids for r in reqs], self.pad_id, dev,
+                                    self.cfg.share_prefill)
         return cache, logits, attn, attn.sum(-1)  # logits [B, V]; next positions [B]
 
     @staticmethod

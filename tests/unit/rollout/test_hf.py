@@ -55,6 +55,20 @@ def test_same_seed_same_samples_and_shared_prefill_equals_separate(tiny_model, t
     assert len({tuple(x.completion_ids.tolist()) for x in a}) > 1  # samples differ within the group
 
 
+def test_unshared_prefill_and_no_compaction_give_the_same_samples(tiny_model, tokenizer):
+    """The benchmark's levers off (share_prefill=false: every row prefilled; compact_below=0: finished rows stay in
+    the cache): the same tokens from the same seed, log-probs equal up to float summation order."""
+    reqs = [Request(prompt(tokenizer, "4+4"))] * 4 + [Request(prompt(tokenizer, "1-2+7"))] * 4
+    params = SamplingParams(max_tokens=12)
+    on = HFGenerator(HFConfig(), tiny_model, tokenizer).generate(reqs, params, rng(5))
+    for cfg in (HFConfig(share_prefill=False), HFConfig(compact_below=0.0)):
+        off = HFGenerator(cfg, tiny_model, tokenizer).generate(reqs, params, rng(5))
+        assert [x.completion_ids.tolist() for x in on] == [y.completion_ids.tolist() for y in off]
+        for x, y in zip(on, off):
+            assert_close(x.rollout_logprobs, y.rollout_logprobs, rtol=0, atol=1e-5)
+    assert len({len(x.completion_ids) for x in on}) > 1  # rows finish at different steps: compaction ran
+
+
 def test_forced_prefix_per_row_caps_and_eos(tiny_model, tokenizer):
     gen = HFGenerator(HFConfig(), tiny_model, tokenizer)
     nt = tokenizer.convert_tokens_to_ids("<NT>")

@@ -63,6 +63,13 @@ def test_zero_advantage_rows_are_skipped_without_changing_the_gradient(tiny_mode
     assert m2["update/skipped_rows"] == 0
     for k in skipped:
         assert_close(skipped[k], full[k], rtol=1e-4, atol=1e-7)
+    # optim.skip_inert_rows=false (the benchmark's lever off) runs those rows: nothing skipped, the same gradient
+    unskipped, m3 = grads_after_step(tiny_model, tokenizer, samples, adv, ["optim.grad_clip=0",
+                                                                           "optim.skip_inert_rows=false"])
+    assert m3["update/skipped_rows"] == 0 and m3["update/policy_forwards"] >= m["update/policy_forwards"]
+    for k in skipped:
+        assert_close(skipped[k], unskipped[k], rtol=1e-4, atol=1e-7)
+    assert m["loss/total"] == pytest.approx(m3["loss/total"], abs=1e-6)
 
 
 def test_gradient_matches_hand_written_objective(tiny_model, tokenizer):
