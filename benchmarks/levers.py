@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -77,19 +76,12 @@ def run(opts: vs_trl.Options, levers: list[str], log=print, isolate: bool = True
             runs.append(out)
         probes.append(vs_trl.matmul_peak(opts.matmul_n, opts.threads))
     peak = {x: max(p[x] for p in probes) for x in ("wall", "cpu")}
-    per_run = [vs_trl.summarize_run(x, info["params"], peak) for x in runs]
-    summary = {}
-    for name in arms:
-        mine = [x for x in per_run if x["side"] == name]
-        trl = [x["step_s"] for x in per_run if x["side"] == "trl"]
-        row = {key: statistics.median(x[key] for x in mine)
-               for key in ("step_s", "cpu_s", "gen_s", "gen_tokens", "rows_trained", "zero_std_frac")}
-        if "update_s" in mine[0]:
-            row["update_s"] = statistics.median(x["update_s"] for x in mine)
-        row["step_s_range"] = [min(x["step_s"] for x in mine), max(x["step_s"] for x in mine)]
-        row["trl_ratio"] = statistics.median(trl) / row["step_s"]
-        row["trl_ratio_per_repeat"] = [a / x["step_s"] for a, x in zip(trl, mine)]
-        summary[name] = row
+    agg = vs_trl.summarize(runs, info["params"], peak)  # per variant: medians over steps 2..N, then over repeats
+    per_run, summary = agg["per_run"], agg["sides"]
+    trl = [x["step_s"] for x in per_run if x["side"] == "trl"]
+    for name, row in summary.items():
+        row["trl_ratio"] = summary["trl"]["step_s"] / row["step_s"]
+        row["trl_ratio_per_repeat"] = [a / x["step_s"] for a, x in zip(trl, (y for y in per_run if y["side"] == name))]
     base = summary["all off"]["step_s"]
     for row in summary.values():
         row["vs_all_off"] = base / row["step_s"]

@@ -6,8 +6,8 @@ padded only to its own widths. A row is skipped (no forward, no backward) when i
 loss weights are 0, or every active loss term is ``advantage_only`` and its advantages are all 0 (GRPO's
 zero-variance groups are often half the batch). Skipped rows still count in the step's denominators, so the
 update is identical, minus their passes (``optim.skip_inert_rows: false`` runs them anyway, to measure that).
-``old_logprobs`` cost no forward pass: on-policy rows use the current policy's detached log-probs from the first epoch's forward (the weights have not moved yet, so ρ = 1
-exactly); rows that carry stored behaviour log-probs (replay) use those. The reference model runs only when a
+``old_logprobs`` cost no forward pass: on-policy rows use the current policy's detached log-probs from the
+first epoch's forward (the weights have not moved yet, so ρ = 1 exactly); rows that carry stored behaviour log-probs (replay) use those. The reference model runs only when a
 ``needs=("ref",)`` term has non-zero weight, the teacher only when a ``needs=("teacher*",)`` term does (its
 outputs are computed in the first epoch and reused by later ones: the teacher's weights at the step's start).
 Every term's per-token loss is multiplied by ``TokenBatch.loss_weights`` before reduction.

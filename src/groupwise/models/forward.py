@@ -95,16 +95,20 @@ def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
     differentiable, so under grad each distinct prompt's backward also runs once). Returns (cache, the last
     prompt position's logits [B, V], the attention mask [B, W]); generation and ``shared_prefix_logprobs`` share it.
     ``share=False`` runs every prompt given, duplicates included (``rollout.generator.share_prefill``)."""
-    distinct: dict[Any, int] = {}  # prompt (or its position, unshared) -> its row in the forward
-    row_of = [distinct.setdefault(tuple(p.tolist()) if share else i, len(distinct)) for i, p in enumerate(prompts)]
-    uniq: dict[int, Tensor] = {}
-    for p, u in zip(prompts, row_of):
-        uniq.setdefault(u, p)
-    row = torch.tensor(row_of, device=device)
-    width = max(len(p) for p in uniq.values())
+    index: dict[Any, int] = {}  # prompt (or its position, unshared) -> its row in the forward
+    uniq: list[Tensor] = []
+    rows: list[int] = []
+    for i, p in enumerate(prompts):
+        key = tuple(p.tolist()) if share else i
+        if key not in index:
+            index[key] = len(uniq)
+            uniq.append(p)
+        rows.append(index[key])
+    row = torch.tensor(rows, device=device)
+    width = max(len(p) for p in uniq)
     ids = torch.full((len(uniq), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(uniq), width), dtype=torch.long)
-    for u, p in uniq.items():
+    for u, p in enumerate(uniq):
         ids[u, width - len(p):], attn[u, width - len(p):] = p.cpu(), 1
     ids, attn = ids.to(device), attn.to(device)
     out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
