@@ -15,6 +15,11 @@ ends correct may carry one more: successful rollouts overthink a bit more), 112 
              boundary, 8 tokens; its probe tokens are in ``gen tokens``)
   dre_regen  the same with ``answer_mode: regen`` (the answer section resampled after the early ``</think>``,
              16 tokens)
+  dre_probe_m2  dre_probe with ``m_stable: 2``: t* is the first boundary whose forced answer verifies and the next
+             boundary's does too. Hypothesis, written before its runs (2026-12-03): at m_stable 1 the probe cut
+             real steps because a forced answer was right by chance one boundary early (a lucky guess rarely
+             repeats at the next boundary, a computed answer does), so m_stable 2 should cut fewer steps ("skips
+             a step" below m_stable 1's 0.243 at 100 steps) and keep more accuracy (mean@4 above its 0.596).
   grpo  plain GRPO, not rerun here: experiments/out/qlpo/grpo-s{0,1,2} (experiments/qlpo.py's baseline) has
         the identical resolved config apart from its step count (120) and eval cadence (every 20) and no
         transform; the schedule is constant lr without warm-up and nothing else depends on the step count,
@@ -28,7 +33,9 @@ generated, before editing) are logged by the dre transform, so only the dre arm 
 
 Budget: 3 seeds x 40 steps of each dre arm (``--steps 100``: the longer run), run one at a time with one torch thread (--jobs 1).
 
-Usage: PYTHONPATH=src python experiments/dre.py --jobs 1 [--seeds 0 1 2] [--report-only]
+Usage: PYTHONPATH=src python experiments/dre.py --jobs 1 [--seeds 0 1 2] [--arms ...] [--report-only]
+(``--arms`` runs and reports only the arms it names, plus the grpo baseline when ``grpo`` is among them; the
+comparison lines need both ``dre`` and ``grpo``.)
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]", f"eval.every={EVAL_EV
 DRE = "rollout.transforms=[{name: dre, tau_abs: 4, tau_rel: 0.1, mode: replace"
 ARMS = {"dre": COMMON,
         "dre_probe": [*COMMON, DRE + ", detector: probe, probe_max_tokens: 8}]"],
-        "dre_regen": [*COMMON, DRE + ", answer_mode: regen, regen_max_tokens: 16}]"]}
+        "dre_regen": [*COMMON, DRE + ", answer_mode: regen, regen_max_tokens: 16}]"],
+        "dre_probe_m2": [*COMMON, DRE + ", detector: probe, probe_max_tokens: 8, m_stable: 2}]"]}
 BASELINE = harness.OUT / "qlpo"  # grpo-s<seed>: plain GRPO on the identical config, read at step N
 BUDGET = [STEPS]
 TOK = build_tokenizer()
@@ -153,12 +161,16 @@ def tail_curve(runs: dict[str, list[Path]], out: Path) -> Path:
 
 
 def main() -> None:
-    args = harness.cli_args(__doc__.splitlines()[0])
+    def own(p):
+        p.add_argument("--arms", nargs="+", default=["grpo", *ARMS], choices=["grpo", *ARMS],
+                       help="run / report only these")
+
+    args = harness.cli_args(__doc__.splitlines()[0], own)
     BUDGET[0] = args.steps or STEPS
-    runs = harness.run_arms("dre", RECIPE, ARMS, args)
+    runs = harness.run_arms("dre", RECIPE, {k: ARMS[k] for k in args.arms if k != "grpo"}, args)
     out = Path(args.out) if args.out else harness.OUT / "dre"
     baseline = []
-    for s in args.seeds:  # the qlpo baseline run, or where it has not reached step N, our own identical run
+    for s in args.seeds if "grpo" in args.arms else []:  # the qlpo baseline run, or where it has not reached step N, our own identical run
         run = BASELINE / f"grpo-s{s}"
         if not (run / "eval" / f"step_{BUDGET[0]}.jsonl").exists():
             run = out / f"grpo-s{s}"
@@ -166,8 +178,8 @@ def main() -> None:
                 harness.run_one(RECIPE, [*COMMON, "rollout.transforms=[]", f"seed={s}", f"trainer.steps={BUDGET[0]}"],
                                 out, run.name, out / "logs" / f"{run.name}.log")
         baseline.append(run)
-    runs = {"grpo": baseline, **runs}
-    print("grpo baseline runs: " + ", ".join(str(r) for r in baseline), flush=True)
+    runs = {"grpo": baseline, **runs} if baseline else runs
+    print("grpo baseline runs: " + (", ".join(str(r) for r in baseline) or "(not requested)"), flush=True)
     finals = {arm: [per_run(r) for r in dirs] for arm, dirs in runs.items()}
     cols = ["mean@4", "greedy", "length", "length correct", "tail correct", "pre-answer", "share with tail",
             "skips a step"]
@@ -175,21 +187,23 @@ def main() -> None:
                   "train tail i (last 10)", "gen tokens"]
     rows = {arm: {c: harness.agg([f[c] for f in fs]) for c in cols + train_cols if c in fs[0]}
             for arm, fs in finals.items()}
-    start = [per_run(r, 0) for r in runs["grpo"]]
+    start = [per_run(r, 0) for r in next(iter(runs.values()))]  # step 0: the shared warm start
     base = {c: harness.agg([s[c] for s in start]) for c in ("mean@4", "length", "tail correct", "pre-answer")}
-    g, d = rows["grpo"], rows["dre"]
     lines = [f"# DRE on the lab: {len(args.seeds)} seeds x {args.steps or STEPS} steps\n",
-             "grpo runs: " + ", ".join(str(r.relative_to(harness.ROOT)) for r in baseline) + "\n",
+             "grpo runs: " + (", ".join(str(r.relative_to(harness.ROOT)) for r in baseline) or "(not requested)") + "\n",
              "Final held-out eval (128 problems, 4 samples at T=1; tail/pre-answer over correct sampled answers); "
              "mean ± std [min, max] over seeds.\n", harness.table(rows, cols, 3),
              "\nTraining (rollouts as generated, before editing; `gen tokens` = tokens in the step's groups, edits "
              "counted at their edited length):\n", harness.table(rows, train_cols, 3),
              f"\nWarm start (step 0): mean@4 {harness.fmt(base['mean@4'])}, length {harness.fmt(base['length'], 1)}, "
-             f"tail {harness.fmt(base['tail correct'], 1)}, pre-answer {harness.fmt(base['pre-answer'], 1)}.\n",
+             f"tail {harness.fmt(base['tail correct'], 1)}, pre-answer {harness.fmt(base['pre-answer'], 1)}.\n"]
+    if "grpo" in rows and "dre" in rows:
+        g, d = rows["grpo"], rows["dre"]
+        lines.append(
              f"- DRE vs GRPO: tail of correct answers {100 * (d['tail correct']['mean'] / max(g['tail correct']['mean'], 1e-9) - 1):+.1f}%, "
              f"length {100 * (d['length']['mean'] / g['length']['mean'] - 1):+.1f}%, "
              f"mean@4 {100 * (d['mean@4']['mean'] - g['mean@4']['mean']):+.1f} points, "
-             f"pre-answer tokens {d['pre-answer']['mean'] - g['pre-answer']['mean']:+.1f}"]
+             f"pre-answer tokens {d['pre-answer']['mean'] - g['pre-answer']['mean']:+.1f}")
     for key, what in (("eval/mean_at_k", "mean@4"), ("eval/len_mean", "length")):
         lines.append(f"\nHeld-out {what} along training:\n\n" + harness.eval_curve(runs, key, BUDGET[0]))
     pngs = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/len_mean", "eval/len_correct_mean"], out / "curves.png"),
