@@ -170,7 +170,8 @@ def main() -> None:
     runs = harness.run_arms("dre", RECIPE, {k: ARMS[k] for k in args.arms if k != "grpo"}, args)
     out = Path(args.out) if args.out else harness.OUT / "dre"
     baseline = []
-    for s in args.seeds if "grpo" in args.arms else []:  # the qlpo baseline run, or where it has not reached step N, our own identical run
+    # the qlpo baseline run, or where it has not reached step N, our own identical run
+    for s in args.seeds if "grpo" in args.arms else []:
         run = BASELINE / f"grpo-s{s}"
         if not (run / "eval" / f"step_{BUDGET[0]}.jsonl").exists():
             run = out / f"grpo-s{s}"
@@ -200,10 +201,10 @@ def main() -> None:
     if "grpo" in rows and "dre" in rows:
         g, d = rows["grpo"], rows["dre"]
         lines.append(
-             f"- DRE vs GRPO: tail of correct answers {100 * (d['tail correct']['mean'] / max(g['tail correct']['mean'], 1e-9) - 1):+.1f}%, "
-             f"length {100 * (d['length']['mean'] / g['length']['mean'] - 1):+.1f}%, "
-             f"mean@4 {100 * (d['mean@4']['mean'] - g['mean@4']['mean']):+.1f} points, "
-             f"pre-answer tokens {d['pre-answer']['mean'] - g['pre-answer']['mean']:+.1f}")
+            f"- DRE vs GRPO: tail of correct answers {100 * (d['tail correct']['mean'] / max(g['tail correct']['mean'], 1e-9) - 1):+.1f}%, "
+            f"length {100 * (d['length']['mean'] / g['length']['mean'] - 1):+.1f}%, "
+            f"mean@4 {100 * (d['mean@4']['mean'] - g['mean@4']['mean']):+.1f} points, "
+            f"pre-answer tokens {d['pre-answer']['mean'] - g['pre-answer']['mean']:+.1f}")
     for key, what in (("eval/mean_at_k", "mean@4"), ("eval/len_mean", "length")):
         lines.append(f"\nHeld-out {what} along training:\n\n" + harness.eval_curve(runs, key, BUDGET[0]))
     pngs = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/len_mean", "eval/len_correct_mean"], out / "curves.png"),
