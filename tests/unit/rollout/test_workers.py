@@ -102,7 +102,6 @@ def test_workers_equal_in_process(ray_session, in_process, tmp_path, workers):
 
 DIE_ONCE = '''
 import dataclasses, os
-from pathlib import Path
 from groupwise.rollout import BUILDERS
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,10 +111,14 @@ class DieOnceConfig:
 
 @BUILDERS.register("die_once", config=DieOnceConfig)
 def die_once(cfg, env):
-    def build(problems, ctx):  # the standard builder, except that its process dies once, mid-shard
-        if ctx.step == cfg.step and not Path(cfg.marker).exists():
-            Path(cfg.marker).touch()
-            os._exit(1)
+    def build(problems, ctx):  # the standard builder, except that one process dies once, mid-shard
+        if ctx.step == cfg.step:
+            try:  # created atomically: of two shards running at once, only one dies (a check-then-touch let both)
+                os.close(os.open(cfg.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                os._exit(1)
         return ctx.sample_groups(problems)
     return build
 '''
