@@ -18,15 +18,26 @@ advantages everywhere, held-out eval (128 problems, mean@4 at T=1 + greedy) ever
   acoer           ACOER with the paper's control loop compressed 10x in time (see the recipe)
   acoer_fixed     fixed correct-only bonus, alpha = 0.3, budget 112 (no control loop); with --with-fixed
 
+Collapse setting (``--early-exit P``; hypothesis written before its runs): every arm, grpo included (trained
+here, to experiments/out/acoer_early_exit), adds ``task.p_early_exit=P``: a share P of the warm start's traces
+answer after a partial prefix of the steps (short, and mostly wrong without the remaining steps). On the plain
+task the penalty arm could not collapse because no short wrong answer was reachable; here one is. Expected at
+P = 0.3 and 100 steps: the all-answer penalty raises the held-out early-exit share (sampled answers without the
+``so X.`` commitment) above GRPO's and loses accuracy against GRPO, showing the spec's collapse signature in
+>= 2 of 3 seeds; ACOER's early-exit share stays near GRPO's (an all-incorrect group scores 0 throughout), unless
+lucky short correct guesses earn its bonus (the paper's 1-in-6 over-compression of correct answers).
+
 The grpo arm is experiments/qlpo.py's grpo arm (trained there, or here at the end if missing), whose resolved config
 equals this recipe with ``reward.terms=[{name: correctness}]``; the report checks that every arm's resolved config
 equals the grpo runs' apart from name/out_dir/seed/trainer.steps/reward, and reads every arm at its step-STEPS
 held-out eval (constant lr, no warm-up: the first N steps of a longer baseline run are an N-step run).
 
-Budget: 3 seeds x 2 trained arms x STEPS = 100 steps (qlpo.STEPS; the spec asks 800) (``--steps N``: N steps, compared with the baseline's step-N
-eval), seeds interleaved (acoer, length_penalty per seed), --jobs 1.
+Budget: 3 seeds x 2 trained arms x STEPS = 200 steps (qlpo.STEPS; the spec asks 800) (``--steps N``: N steps,
+compared with the baseline's step-N eval), seeds interleaved (acoer, length_penalty per seed), one torch thread
+per run (--jobs 2 runs two at once, with the same bits). Collapse setting: ``--early-exit 0.3 --steps 100``.
 
-Usage: PYTHONPATH=src python experiments/acoer.py --jobs 1 [--seeds 0 1 2] [--with-fixed] [--report-only]
+Usage: PYTHONPATH=src python experiments/acoer.py --jobs 2 [--seeds 0 1 2] [--with-fixed] [--early-exit P]
+[--steps N] [--report-only]
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from qlpo import (  # noqa: E402
     comparable,
     ensure_baseline,
     eval_at,
+    eval_records,
     resolved,
     rows,
 )
@@ -77,6 +89,12 @@ def collapse(run: Path, step: int) -> bool:
     return (before["eval/mean_at_k"] - after["eval/mean_at_k"] >= 0.10 or after["eval/len_mean"] < SHORTEST_TRACE)
 
 
+def early_exit_share(run: Path, step: int) -> float:
+    """Share of sampled (T=1) held-out answers that never commit (no ``so X.`` in the think block): early exits."""
+    return statistics.fmean("so " not in r["text"].split("</think>", 1)[0]
+                            for r in eval_records(run, step) if not r["greedy"])
+
+
 def trajectories(runs: dict[str, list[Path]], out: Path, step: int) -> None:
     import matplotlib
 
@@ -100,7 +118,7 @@ def trajectories(runs: dict[str, list[Path]], out: Path, step: int) -> None:
     plt.close(fig)
 
 
-def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str) -> str:
+def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str, own_baseline: bool) -> str:
     note = check_baseline(runs["grpo"], step)
     check_arms(runs)
     cells: dict[str, dict[str, dict[str, float]]] = {}
@@ -111,6 +129,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str) ->
         c["min mean@4 over evals"] = harness.agg([min(eval_at(d, s)["eval/mean_at_k"] for s in range(20, step + 1, 20))
                                                    for d in dirs])
         c["chk per response"] = harness.agg([checks_per_response(d, step) for d in dirs])
+        c["early exits"] = harness.agg([early_exit_share(d, step) for d in dirs])
         tail = [[r for r in rows(d, step)][-10:] for d in dirs]
         for key, label in (("reward/correct_frac", "train correct_frac (last 10)"),
                            ("rollout/completion_len_mean", "train len (last 10)"),
@@ -136,10 +155,12 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str) ->
     steps_flag = f" --steps {step}" if step != STEPS else ""
     md = (f"# ACOER experiment\n\nSeeds {seeds}, compared at step {step}, G = 8, 16 prompts/step, lr 1e-4 "
           "constant, std-normalised GRPO, eval every 20 steps (128 held-out problems, mean@4 at T=1, greedy). "
-          f"Command: `PYTHONPATH=src python experiments/qlpo.py --jobs 1{steps_flag}` (the grpo arm), then "
-          f"`PYTHONPATH=src python experiments/acoer.py --jobs 1{steps_flag}{flags}`.\nGRPO baseline: {note}.\n\n"
+          "Command: " + ("" if own_baseline else
+                         f"`PYTHONPATH=src python experiments/qlpo.py --jobs 2{steps_flag}` (the grpo arm), then ")
+          + f"`PYTHONPATH=src python experiments/acoer.py --jobs 2{steps_flag}{flags}`.\nGRPO baseline: {note}.\n\n"
           f"Warm start (step 0): mean@4 {base['eval/mean_at_k']:.3f}, greedy {base['eval/greedy_acc']:.3f}, "
-          f"length {base['eval/len_mean']:.1f} tokens, chk/response {checks_per_response(start, 0):.2f}.\n\n"
+          f"length {base['eval/len_mean']:.1f} tokens, chk/response {checks_per_response(start, 0):.2f}, "
+          f"early exits {early_exit_share(start, 0):.3f}.\n\n"
           f"## Held-out metrics at step {step} (mean ± std [min, max] over seeds)\n\n" + harness.table(cells, list(g))
           + f"\nACOER vs accuracy-only GRPO: mean length {100 * rel:+.1f}% shorter (spec pass: >= 30%), mean@4 "
           f"{100 * d_acc:+.1f} points (spec pass: within 1).\n\n"
@@ -160,18 +181,27 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str) ->
 
 
 def main() -> None:
-    args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument("--with-fixed", action="store_true"))
-    with_fixed = args.with_fixed
-    out_dir = Path(args.out) if args.out else harness.OUT / "acoer"
+    def own(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--with-fixed", action="store_true", help="add the acoer_fixed arm")
+        p.add_argument("--early-exit", type=float, default=0.0, metavar="P",
+                       help="the collapse setting: task.p_early_exit=P in every arm, grpo trained here")
+
+    args = harness.cli_args(__doc__.splitlines()[0], own)
+    with_fixed, early = args.with_fixed, args.early_exit
+    name = "acoer_early_exit" if early else "acoer"
+    out_dir = Path(args.out) if args.out else harness.OUT / name
     step = args.steps or STEPS
-    arms = {a: [*COMMON, *ov] for a, ov in ARMS.items() if with_fixed or a != "acoer_fixed"}
-    runs: dict[str, list[Path]] = {"grpo": [harness.OUT / "qlpo" / f"grpo-s{s}" for s in args.seeds]}
+    task = [f"task.p_early_exit={early}"] if early else []
+    grpo = {"grpo": ["reward.terms=[{name: correctness}]"]} if early else {}  # qlpo.py's grpo arm, on this task
+    arms = {a: [*COMMON, *ov, *task] for a, ov in {**grpo, **ARMS}.items() if with_fixed or a != "acoer_fixed"}
+    runs: dict[str, list[Path]] = {} if early else {"grpo": [harness.OUT / "qlpo" / f"grpo-s{s}" for s in args.seeds]}
     for s in args.seeds:  # seeds interleaved: a cut-short experiment still has matched arms
-        for arm, dirs in harness.run_arms("acoer", RECIPE, arms, argparse.Namespace(**{**vars(args), "seeds": [s]})).items():
+        for arm, dirs in harness.run_arms(name, RECIPE, arms, argparse.Namespace(**{**vars(args), "seeds": [s]})).items():
             runs.setdefault(arm, []).extend(dirs)
-    if not args.report_only:  # normally trained by experiments/qlpo.py already; trains what is missing
+    if not args.report_only and not early:  # normally trained by experiments/qlpo.py already; trains what is missing
         ensure_baseline(args.seeds, args.jobs)
-    print(report(runs, out_dir, step, " --with-fixed" if with_fixed else ""))
+    flags = (" --with-fixed" if with_fixed else "") + (f" --early-exit {early:g}" if early else "")
+    print(report(runs, out_dir, step, flags, own_baseline=bool(early)))
 
 
 if __name__ == "__main__":

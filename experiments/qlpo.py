@@ -20,16 +20,16 @@ Generation cost: QLPO samples K = 16 per prompt, about 2x the
 tokens of GRPO per step; the trainer's ``perf/gen_tokens`` counts every generated completion token, discarded
 samples included (``rollout/qlpo_pool_tokens`` is the same pool count as seen by the transform).
 
-Budget: 3 seeds x STEPS = 100 steps per arm (the spec asks 500; 100 is what one session's CPU lane allows) (``--steps N`` cuts the QLPO arms to N and reads the baseline at
-its step-N eval; N a multiple of EVAL_EVERY), one run at a time with one torch thread (--jobs 1). Comparison
-point: every arm is compared at its held-out eval of step STEPS. GRPO runs that were trained for longer (the
-first two baseline seeds ran 120 steps) are read at their step-STEPS eval: the lr schedule is constant with no
-warm-up and nothing else in the run depends on ``trainer.steps``, so the state after step 80 of a 120-step
-run is the state at the end of an 80-step run (same eval seed, same evals before it); ``check_baseline``
-verifies that the resolved configs differ in ``trainer.steps`` (and name) only. experiments/acoer.py uses
-these same grpo runs as its accuracy-only arm.
+Budget: 3 seeds x STEPS = 200 steps per arm (the spec asks 500; 200 is what fits one session on two lanes)
+(``--steps N`` trains every arm N steps and reads it at its step-N eval; N a multiple of EVAL_EVERY), one torch
+thread per run (--jobs 2 runs two at once, with the same bits). Comparison point: every arm is compared at its
+held-out eval of step STEPS. A GRPO run trained for longer is read at its step-STEPS eval: the lr schedule is
+constant with no warm-up and nothing else in the run depends on ``trainer.steps``, so the state after step N of
+a longer run is the state at the end of an N-step run (same eval seed, same evals before it);
+``check_baseline`` verifies that the resolved configs differ in ``trainer.steps`` (and name) only.
+experiments/acoer.py uses these same grpo runs as its accuracy-only arm.
 
-Usage: PYTHONPATH=src python experiments/qlpo.py --jobs 1 [--seeds 0 1 2] [--report-only]
+Usage: PYTHONPATH=src python experiments/qlpo.py --jobs 2 [--seeds 0 1 2] [--steps N] [--report-only]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import harness  # noqa: E402
 import yaml  # noqa: E402
 
 RECIPE = "recipes/qlpo_lab.yaml"
-STEPS, EVAL_EVERY = 100, 20
+STEPS, EVAL_EVERY = 200, 20
 COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=0", "trainer.sinks=[jsonl]"]
 GRPO = ["rollout.group_size=8", "rollout.transforms=[]"]
 ARMS = {"grpo": GRPO, "grpo_g16": ["rollout.group_size=16", "rollout.transforms=[]"], "qlpo": [],
@@ -214,7 +214,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int) -> str:
     steps_flag = f" --steps {step}" if step != STEPS else ""
     md = (f"# QLPO experiment\n\nSeeds {seeds}, compared at step {step} (16 prompts/step, lr 1e-4 constant), eval "
           f"every {EVAL_EVERY} steps (128 held-out problems, mean@4 at T=1, greedy). Command: `PYTHONPATH=src "
-          f"python experiments/qlpo.py --jobs 1{steps_flag}`.\n"
+          f"python experiments/qlpo.py --jobs 2{steps_flag}`.\n"
           f"GRPO baseline: {note}.\n\n"
           f"Warm start (step 0): mean@4 {base['eval/mean_at_k']:.3f}, greedy {base['eval/greedy_acc']:.3f}, "
           f"length {base['eval/len_mean']:.1f} tokens, chk/response {checks_per_response(start, 0):.2f}.\n\n"
