@@ -32,6 +32,10 @@ answers; pre-emergence = tokens from ``<think>`` to that commitment. Training di
 generated, before editing) are logged by the dre transform, so only the dre arm has them.
 
 Budget: 3 seeds x 40 steps of each dre arm (``--steps 100``: the longer run), run one at a time with one torch thread (--jobs 1).
+``--steps 200 --arms grpo dre dre_probe_m2 --out experiments/out/dre200``: the two arms the 100-step run
+recommends at twice the budget (expected, written before the runs: dre's tail of correct answers stays >= 50%
+below GRPO's, both arms stay within 2 points of GRPO's mean@4, and the length gap narrows because GRPO keeps
+shortening on its own: 61.6 -> 53.1 tokens by step 100).
 
 Usage: PYTHONPATH=src python experiments/dre.py --jobs 1 [--seeds 0 1 2] [--arms ...] [--report-only]
 (``--arms`` runs and reports only the arms it names, plus the grpo baseline when ``grpo`` is among them; the
