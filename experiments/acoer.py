@@ -162,7 +162,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str, ow
           f"length {base['eval/len_mean']:.1f} tokens, chk/response {checks_per_response(start, 0):.2f}, "
           f"early exits {early_exit_share(start, 0):.3f}.\n\n"
           f"## Held-out metrics at step {step} (mean ± std [min, max] over seeds)\n\n" + harness.table(cells, list(g))
-          + f"\nACOER vs accuracy-only GRPO: mean length {100 * rel:+.1f}% shorter (spec pass: >= 30%), mean@4 "
+          + f"\nACOER vs accuracy-only GRPO: mean length {100 * rel:.1f}% shorter (spec pass: >= 30%), mean@4 "
           f"{100 * d_acc:+.1f} points (spec pass: within 1).\n\n"
           f"Collapse signature at step {step} (mean@4 down >= 10 points from the warm start, or held-out length < "
           f"{SHORTEST_TRACE} tokens): " + ", ".join(f"{arm} {n}/{len(runs[arm])}" for arm, n in collapses.items())

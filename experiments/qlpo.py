@@ -220,7 +220,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int) -> str:
           f"length {base['eval/len_mean']:.1f} tokens, chk/response {checks_per_response(start, 0):.2f}.\n\n"
           f"## Held-out metrics at step {step} (mean ± std [min, max] over seeds)\n\n"
           + harness.table(cells, list(g), digits=3) +
-          f"\nQLPO(alpha=1/3) vs GRPO: mean length {100 * rel:+.1f}% shorter (spec pass: >= 20%), "
+          f"\nQLPO(alpha=1/3) vs GRPO: mean length {100 * rel:.1f}% shorter (spec pass: >= 20%), "
           f"mean@4 {100 * d_acc:+.1f} points (spec pass: within 1.5). Generated tokens count every sampled "
           "completion token (QLPO: all K = 16 per prompt); update tokens are those in the trained batch (M = 8).\n\n"
           "## Contrasts (differences of seed means at step " + str(step) + ")\n\n" + contrasts(cells) +
