@@ -58,7 +58,6 @@ from qlpo import (  # noqa: E402
     comparable,
     ensure_baseline,
     eval_at,
-    eval_records,
     resolved,
     rows,
 )
@@ -91,8 +90,7 @@ def collapse(run: Path, step: int) -> bool:
 
 def early_exit_share(run: Path, step: int) -> float:
     """Share of sampled (T=1) held-out answers that never commit (no ``so X.`` in the think block): early exits."""
-    return statistics.fmean("so " not in r["text"].split("</think>", 1)[0]
-                            for r in eval_records(run, step) if not r["greedy"])
+    return statistics.fmean("so " not in r["text"].split("</think>", 1)[0] for r in harness.eval_samples(run, step))
 
 
 def trajectories(runs: dict[str, list[Path]], out: Path, step: int) -> None:

@@ -21,7 +21,7 @@ ends correct may carry one more: successful rollouts overthink a bit more), 112 
              repeats at the next boundary, a computed answer does), so m_stable 2 should cut fewer steps ("skips
              a step" below m_stable 1's 0.243 at 100 steps) and keep more accuracy (mean@4 above its 0.596).
   grpo  plain GRPO, not rerun here: experiments/out/qlpo/grpo-s{0,1,2} (experiments/qlpo.py's baseline) has
-        the identical resolved config apart from its step count (120) and eval cadence (every 20) and no
+        the identical resolved config apart from its step count and no
         transform; the schedule is constant lr without warm-up and nothing else depends on the step count,
         so its state at step N is the state an N-step run ends in, and it is read at step N here. A seed whose
         qlpo run has not reached step N gets its own identical run (no transform) in the output directory.
@@ -44,7 +44,6 @@ comparison lines need both ``dre`` and ``grpo``.)
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import sys
@@ -67,11 +66,6 @@ ARMS = {"dre": COMMON,
 BASELINE = harness.OUT / "qlpo"  # grpo-s<seed>: plain GRPO on the identical config, read at step N
 BUDGET = [STEPS]
 TOK = build_tokenizer()
-
-
-def records(run: Path, step: int) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "eval" / f"step_{step}.jsonl").read_text().splitlines() if x.strip()]
-    return [r for r in rows if not r["greedy"]]
 
 
 def eval_steps(run: Path) -> list[int]:
@@ -116,7 +110,7 @@ def mean_of(rows: list[dict], key: str) -> float:
 
 def per_run(run: Path, step: int | None = None) -> dict[str, float]:
     step = BUDGET[0] if step is None else step
-    recs = records(run, step)
+    recs = harness.eval_samples(run, step)
     correct = [r["length"] for r in recs if r["correct"]]
     rows = [r for r in harness.metrics(run) if "perf/step_s" in r and r["step"] <= BUDGET[0]]
     t = tails(recs)
@@ -143,8 +137,8 @@ def tail_curve(runs: dict[str, list[Path]], out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for arm, dirs in runs.items():
         steps = [s for s in eval_steps(dirs[0]) if s <= BUDGET[0]]
-        axes[0].plot(steps, [statistics.fmean(tails(records(d, s))["tail"] for d in dirs) for s in steps], marker="o",
-                     label=arm)
+        axes[0].plot(steps, [statistics.fmean(tails(harness.eval_samples(d, s))["tail"] for d in dirs) for s in steps],
+                     marker="o", label=arm)
         if not any("rollout/dre_tail_correct" in r for r in harness.metrics(dirs[0])):
             continue
         xs, ys = harness.curves({arm: dirs}, "rollout/dre_tail_correct")[arm]

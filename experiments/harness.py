@@ -106,6 +106,12 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
+def eval_samples(run: Path, step: int) -> list[dict]:
+    """The held-out eval records of ``step`` (``eval/step_<step>.jsonl``) that were sampled at T=1, not greedy."""
+    rows = [json.loads(x) for x in (run / "eval" / f"step_{step}.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in rows if not r["greedy"]]
+
+
 def summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 

@@ -108,14 +108,9 @@ def check_baseline(dirs: list[Path], step: int) -> str:
             f"step-{step} eval")
 
 
-def eval_records(run: Path, step: int) -> list[dict]:
-    path = run / "eval" / f"step_{step}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def checks_per_response(run: Path, step: int) -> float:
     """Mean number of redundant ``chk`` re-checks per sampled (T=1) held-out response."""
-    return statistics.fmean(r["text"].count("chk ") for r in eval_records(run, step) if not r["greedy"])
+    return statistics.fmean(r["text"].count("chk ") for r in harness.eval_samples(run, step))
 
 
 def run_cells(dirs: list[Path], step: int) -> dict[str, dict[str, float]]:

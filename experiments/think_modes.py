@@ -35,7 +35,6 @@ Usage: PYTHONPATH=src python experiments/think_modes.py --jobs 1 [--seeds 0 1 2]
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -79,11 +78,6 @@ def within_cap(r: dict) -> bool:
     return m in CAPS and r["finish_reason"] == "stop" and r["length"] <= CAPS[m] + 1
 
 
-def records(run: Path, step: int) -> list[dict]:
-    path = run / "eval" / f"step_{step}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip() and not json.loads(x)["greedy"]]
-
-
 def final_step(run: Path) -> int:
     """The last eval step within the budget (a longer grpo or grpo_lg run is read at step N: constant lr without
     warm-up, so its state there is the state an N-step run ends in; think_modes' forced warm-up scales with the
@@ -108,7 +102,7 @@ def entropy(sh: dict[str, float]) -> float:
 
 
 def per_run(run: Path) -> dict[str, float]:
-    recs = records(run, final_step(run))
+    recs = harness.eval_samples(run, final_step(run))
     sh = shares(recs)
     out = {"mean@4": statistics.fmean(r["correct"] for r in recs),
            "mean@4 capped": statistics.fmean(r["correct"] and within_cap(r) for r in recs),
@@ -119,7 +113,7 @@ def per_run(run: Path) -> dict[str, float]:
 
 def by_difficulty(runs: list[Path]) -> dict[int, dict[str, float]]:
     """Final-eval mode shares per difficulty, pooled over seeds."""
-    recs = [r for run in runs for r in records(run, final_step(run))]
+    recs = [r for run in runs for r in harness.eval_samples(run, final_step(run))]
     out = {}
     for d in sorted({r["difficulty"] for r in recs}):
         rows = [r for r in recs if r["difficulty"] == d]
@@ -129,7 +123,7 @@ def by_difficulty(runs: list[Path]) -> dict[int, dict[str, float]]:
 
 
 def by_mode(runs: list[Path]) -> dict[str, dict[str, float]]:
-    recs = [r for run in runs for r in records(run, final_step(run))]
+    recs = [r for run in runs for r in harness.eval_samples(run, final_step(run))]
     out = {}
     for m in (*MODES, "invalid"):
         rows = [r for r in recs if mode_of(r["text"]) == m]
@@ -144,7 +138,7 @@ def by_mode(runs: list[Path]) -> dict[str, dict[str, float]]:
 def share_curves(runs: list[Path]) -> tuple[list[int], dict[str, list[float]]]:
     """Held-out mode shares at every eval step, mean over seeds."""
     steps = [s for s in eval_steps(runs[0]) if s <= BUDGET[0]]
-    curves = {m: [statistics.fmean(shares(records(run, s))[m] for run in runs) for s in steps] for m in MODES}
+    curves = {m: [statistics.fmean(shares(harness.eval_samples(run, s))[m] for run in runs) for s in steps] for m in MODES}
     return steps, curves
 
 
@@ -238,7 +232,7 @@ def main() -> None:
 
 
 def per_run_before(run: Path) -> dict[str, float]:
-    recs = records(run, 0)
+    recs = harness.eval_samples(run, 0)
     return {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs)}
 
 
