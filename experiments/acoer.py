@@ -56,6 +56,7 @@ from qlpo import (  # noqa: E402
     check_baseline,
     checks_per_response,
     comparable,
+    curve_table,
     ensure_baseline,
     eval_at,
     resolved,
@@ -164,7 +165,9 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str, ow
           f"{100 * d_acc:+.1f} points (spec pass: within 1).\n\n"
           f"Collapse signature at step {step} (mean@4 down >= 10 points from the warm start, or held-out length < "
           f"{SHORTEST_TRACE} tokens): " + ", ".join(f"{arm} {n}/{len(runs[arm])}" for arm, n in collapses.items())
-          + ".\n\n## Control loop (alpha, budget; first step alpha moved; mean bonus over the last 10 steps)\n\n"
+          + ".\n\n## Held-out curves (seed-mean mean@4 / length / early-exit share)\n\n"
+          + curve_table(runs, step, early_exit_share)
+          + "\n## Control loop (alpha, budget; first step alpha moved; mean bonus over the last 10 steps)\n\n"
           "| arm | run | alpha start -> end [min, max] | alpha first moved at step | budget start -> end [min, max] "
           "| bonus (last 10) |\n|---|---|---|---|---|---|\n"
           + "\n".join(ctrl) + "\n\nPlots: `eval_curves.png`, `training.png`, `control_loop.png`.\n")

@@ -186,13 +186,15 @@ def contrasts(cells: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def curve_table(runs: dict[str, list[Path]], step: int) -> str:
-    """Seed-mean held-out mean@4 and length at every eval up to ``step`` (do the curves flatten?)."""
+def curve_table(runs: dict[str, list[Path]], step: int, extra=None) -> str:
+    """Seed-mean held-out mean@4 and length at every eval up to ``step`` (do the curves flatten?), and the seed
+    mean of ``extra(run, step)`` after them when given."""
     evals = list(range(0, step + 1, EVAL_EVERY))
     lines = ["| arm | " + " | ".join(f"step {e}" for e in evals) + " |", "|---|" + "---|" * len(evals)]
     for arm, dirs in runs.items():
         cell = [f"{statistics.fmean(eval_at(d, e)['eval/mean_at_k'] for d in dirs):.3f} / "
-                f"{statistics.fmean(eval_at(d, e)['eval/len_mean'] for d in dirs):.1f}" for e in evals]
+                f"{statistics.fmean(eval_at(d, e)['eval/len_mean'] for d in dirs):.1f}"
+                + (f" / {statistics.fmean(extra(d, e) for d in dirs):.2f}" if extra else "") for e in evals]
         lines.append(f"| {arm} | " + " | ".join(cell) + " |")
     return "\n".join(lines) + "\n"
 
