@@ -47,18 +47,17 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      ``latency_full.md``; run with ``--phase latency_full``, not part of ``--phase all``.
 
   6. long (issue 14, added after phases 1-5; setting and expectations written before its runs): the main phase
-     again at the recipe's 150 RL steps, ``--steps 150 --tau 1e-3 --arms grpo16 grpo24 hdr fifo --out
-     experiments/out/hdr150``: arms grpo16, grpo24, hdr and fifo (naive replay), seeds 0 1 2, eval every 10
-     steps, then the phase-3 latency runs in the same directory and the report (no extension: the 16-prompt arms
-     pass 0.75 x grpo24's 30-step tokens by themselves). Dropped, to afford 150 steps in one session: the random
-     arm (at 30 steps it sat with fifo, 0.595 vs 0.600, and fifo is the paper's "naive replay"). tau is not swept
+     again at the recipe's 150 RL steps, ``--steps 150 --tau 1e-3 --arms grpo16 grpo24 hdr fifo random
+     --out experiments/out/hdr150``: all 5 arms, seeds 0 1 2, eval every 10 steps, then the phase-3 latency runs
+     in the same directory and the report (no extension: the 16-prompt arms pass 0.75 x grpo24's 30-step tokens
+     by themselves). tau is not swept
      again: 1e-3 is what phase 1's pre-registered rule picked (it reads steps 16-30 only). The whole-run latency
      phase 5 is not repeated at 150 steps (9 runs of 150 x 6.4-9.6 s of sleep plus compute: over 4 single-lane
      hours); the with-latency wall-clock at 150 steps is DERIVED by the additive model phases 3 and 5 measured.
      Expectations, written before the runs: every arm keeps learning past step 30 and is still rising at 150
      (the qlpo experiment's GRPO arm on this task, 16 prompts x G = 8: 0.634 / 0.782 / 0.853 held-out mean@4 at
-     steps 40 / 100 / 140, 0.900 at 200); at equal generated tokens HDR >= grpo16 and >= fifo, by about a seed
-     std (as at 30 steps); grpo24 stays ahead of the 16-prompt arms at equal steps, so HDR and grpo16 reach
+     steps 40 / 100 / 140, 0.900 at 200); at equal generated tokens HDR >= grpo16 and >= fifo / random, by about a
+     seed std (as at 30 steps); grpo24 stays ahead of the 16-prompt arms at equal steps, so HDR and grpo16 reach
      grpo24's final mean@4 within their 0.67x of its tokens in at most 1-2 of 3 seeds; without latency an HDR
      step is slower than a grpo16 step (its drift scans).
 
