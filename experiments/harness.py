@@ -171,14 +171,15 @@ def eval_curve(runs: dict[str, list[Path]], key: str = "eval/mean_at_k", upto: f
     return table(rows, [f"step {t}" for t in steps])
 
 
-def eval_points(run: Path, key: str = "eval/mean_at_k", x: str = "step") -> list[tuple[float, float]]:
+def eval_points(run: Path, key: str = "eval/mean_at_k", x: str = "step", step0=None) -> list[tuple[float, float]]:
     """(x, held-out ``key``) at every evaluation, the warm start's first; x = the step, or a cumulative training
-    metric at that step (``perf/wall_s_total``, ``perf/gen_tokens_total``: 0 at step 0)."""
+    metric at that step (``perf/wall_s_total``, ``perf/gen_tokens_total``: 0 at step 0). A run that skipped its
+    step-0 eval reads it from ``step0(run, key)`` (e.g. another arm of the same seed and warm start)."""
     rows = metrics(run)
     at = {0: 0.0, **{r["step"]: r.get(x, r["step"]) for r in rows if "perf/step_s" in r}}
     pts = [(float(r["step"]) if x == "step" else at[r["step"]], r[key]) for r in rows if key in r]
     if not any(r["step"] == 0 and key in r for r in rows):
-        pts.insert(0, (0.0, summary(run)["before"][key]))
+        pts.insert(0, (0.0, step0(run, key) if step0 else summary(run)["before"][key]))
     return pts
 
 
@@ -205,12 +206,14 @@ def first_step_at(run: Path, key: str, level: float, window: int = 20, below: bo
 
 def agg(values: list[float]) -> dict[str, float]:
     finite = all(math.isfinite(v) for v in values)  # e.g. "never reached" (inf) in steps-to-x, "none logged" (nan)
-    return {"mean": statistics.fmean(values),
+    return {"mean": statistics.fmean(values), "undefined": sum(math.isnan(v) for v in values),
             "std": (statistics.stdev(values) if len(values) > 1 else 0.0) if finite else float("nan"),
             "min": min(values), "max": max(values), "n": len(values)}
 
 
 def fmt(a: dict[str, float], digits: int = 3) -> str:
+    if a.get("undefined"):  # e.g. a tail after the commitment in runs that leave no commitment
+        return f"undefined in {a['undefined']:.0f}/{a['n']:.0f} seeds"
     return f"{a['mean']:.{digits}f} ± {a['std']:.{digits}f} [{a['min']:.{digits}f}, {a['max']:.{digits}f}]"
 
 

@@ -52,8 +52,8 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      in the same directory and the report (no extension: the 16-prompt arms pass 0.75 x grpo24's 30-step tokens
      by themselves). tau is not swept
      again: 1e-3 is what phase 1's pre-registered rule picked (it reads steps 16-30 only). The whole-run latency
-     phase 5 is not repeated at 150 steps (9 runs of 150 x 6.4-9.6 s of sleep plus compute: over 4 single-lane
-     hours); the with-latency wall-clock at 150 steps is DERIVED by the additive model phases 3 and 5 measured.
+     phase 5 is not repeated at 150 steps (9 runs of 150 steps at 8-13 s a step with the sleep: about 4
+     single-lane hours); the with-latency wall-clock at 150 steps is DERIVED by the additive model phases 3 and 5 measured.
      Expectations, written before the runs: every arm keeps learning past step 30 and is still rising at 150
      (the qlpo experiment's GRPO arm on this task, 16 prompts x G = 8: 0.634 / 0.782 / 0.853 held-out mean@4 at
      steps 40 / 100 / 140, 0.900 at 200); at equal generated tokens HDR >= grpo16 and >= fifo / random, by about a
@@ -64,12 +64,14 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
 The step-0 held-out eval is run once per seed (arm grpo16): every arm of a seed starts from the same warm
 start and the eval sampler is seeded by the run seed only, so the other arms' step-0 evals would be identical.
 
-Budget: 15 x 30 RL steps (phase 2) + 3 x 30 (phase 1, already run) + 3 x 6 (phase 3) plus 3 + 15 x 3 held-out
+Budget (phases 1-3): 15 x 30 RL steps (phase 2) + 3 x 30 (phase 1, already run) + 3 x 6 (phase 3) plus 3 + 15 x 3 held-out
 evals, one torch thread per run: about 60 single-thread-lane minutes.
 
-Usage: PYTHONPATH=src python experiments/hdr.py --jobs 1 [--seeds 0 1 2] [--report-only] [--steps N --tau T]
-       [--phase all|main|latency|extend|report] [--arms grpo16 ..]   (--tau T: skip the sweep, use T)   (phase/arms: split the runs over lanes;
-       in lane mode each run is claimed under claims/ first: delete a crashed run's claim before rerunning it)
+Usage: PYTHONPATH=src python experiments/hdr.py --jobs 1 [--seeds 0 1 2] [--report-only] [--steps N] [--tau T]
+       [--phase all|main|latency|extend|report|latency_full] [--arms grpo16 ..]
+  --tau T skips the phase-1 sweep and uses T; --arms keeps only those arms, in that order. phase/arms split the
+  runs over lanes: in lane mode each run is claimed under claims/ first (delete a crashed run's claim before
+  rerunning it).
 """
 
 from __future__ import annotations
@@ -329,10 +331,10 @@ def step0_eval(run: Path, key: str) -> float:
 
 def eval_curve(run: Path, key: str, x: str) -> list[tuple[float, float]]:
     """(x, eval value) at each eval step; x = step, a cumulative metric, or 'latency' (simulated wall)."""
-    xs = with_latency_x(run) if x == "latency" else {0: 0.0, **{r["step"]: r.get(x, r["step"]) for r in rows(run)}}
-    pts = [(xs[r["step"]] if x != "step" else r["step"], r[key]) for r in harness.metrics(run) if key in r]
-    if not any(r.get("step") == 0 and key in r for r in harness.metrics(run)):
-        pts.insert(0, (0.0, step0_eval(run, key)))
+    pts = harness.eval_points(run, key, "step" if x == "latency" else x, step0=step0_eval)
+    if x == "latency":
+        at = with_latency_x(run)
+        pts = [(at[int(s)], v) for s, v in pts]
     return pts
 
 
@@ -405,6 +407,7 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
             a[k] = harness.agg([harness.final_eval(d, k) for d in dirs])
             a[f"{k} at {t_star / 1e3:.0f}k tokens"] = harness.agg(
                 [interp(eval_curve(d, k, "perf/gen_tokens_total"), t_star) for d in dirs])
+        a["eval/len_mean"] = harness.agg([harness.final_eval(d, "eval/len_mean") for d in dirs])
         c = cost[arm] = {}
         for k in ("perf/gen_tokens_total", "perf/wall_s_total"):
             c[k] = harness.agg([rows(d)[-1][k] for d in dirs])
@@ -441,11 +444,17 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
     age_line = " / ".join(f"{b}: {harness.fmt(harness.agg([a[b] for a in accept]), 2)} "
                           f"(n={sum(a['n_' + b] for a in accept):.0f})" for b in ("age1", "age2", "age3plus"))
     seeds = [int(d.name.rsplit("-s", 1)[1]) for d in runs["hdr"]]
+    evals = [int(x) for x, _ in eval_curve(runs["grpo16"][0], key, "step")]
+    curve_lines = ["| arm | " + " | ".join(f"step {e}" for e in evals) + " |", "|---|" + "---|" * len(evals)]
+    for arm, dirs in runs.items():
+        pts = [dict(eval_curve(d, key, "step")) for d in dirs]
+        curve_lines.append(f"| {arm} | " + " | ".join(f"{statistics.fmean(p[e] for p in pts):.3f}" for e in evals) + " |")
     md = (f"# HDR experiment (tau = {tau:g})\n\nSeeds {seeds}, {rows(runs['hdr'][0])[-1]['step']} steps, "
           f"held-out eval every {EVAL_EVERY} steps (128 problems, mean@4 at T=1 and greedy).\n\n"
           "## tau sweep (seed 100, training diagnostics only)\n\n" + sweep_md +
           "\n## Held-out accuracy (mean ± std [min, max] over seeds): final, and at the 16-prompt arms' "
           "generated-token budget (interpolated)\n\n" + harness.table(acc, list(acc["grpo16"])) +
+          "\n## Held-out mean@4 along training (mean over seeds)\n\n" + "\n".join(curve_lines) + "\n" +
           "\n## Cost\n\n" + harness.table(cost, list(cost["grpo16"]), digits=1) +
           f"\n## Cost to reach the grpo24 final mean@4 ({target:.3f}, interpolated between evals)"
           " (x: mean over the seeds that reach it, relative to grpo24's mean total)\n\n"
@@ -501,7 +510,7 @@ def main() -> None:
         return
     report_args = argparse.Namespace(**{**vars(args), "report_only": phase == "report" or args.report_only})
     runs = harness.run_arms("hdr", RECIPE, todo, report_args)
-    lat = latency(report_args, tau)
+    lat = latency(report_args, tau, claim=not report_args.report_only)
     md = report(runs, lat, tau, sweep_md, out_dir)
     if steps < EXT_STEPS:
         md += f"\n## Extension to {EXT_STEPS} steps (resumed grpo16 and hdr)\n\n" + extend(runs, report_args, out_dir)
