@@ -24,6 +24,14 @@ Settings (``--setting``):
             start): task {p_wrap_slip: 0.6, max_checks: 6, check_correct_bonus: 1}, 112 tokens, 40 steps
             -> experiments/out/pivottrace_checks. No separate calibration pass (cost); the pivot/entropy
             calibration of the 512 x 4 triage probes is read from the runs' select/calib_* metrics.
+  checks at 150 steps (issue 14; setting and expectations written before its runs): ``--setting checks --steps
+            150 --no-calibration --out experiments/out/pivottrace150``, all four arms, seeds 0 1 2, one triage at
+            step 0 (refresh_every 0, as at 40 steps), eval every 20 steps. 150 steps is the largest budget one
+            session holds for 12 runs on two lanes (the spec asks 800). Expectations: all_labels keeps rising to
+            about 0.85-0.9 mean@4 (the same task as hdr_lab, whose 16-prompt GRPO arm reached 0.872 at step 150);
+            the 30% arms keep lagging it by >= 0.15, because half of the pool trains on majority pseudo-labels
+            that are right only ~40% of the time (60% for entropy); pivot_30 ~ random_30 within a seed std;
+            entropy_30 >= both; no 30% arm reaches the all-labels arm's 80% target.
 ``--arms`` restricts which arms are trained (to split runs across processes; the report always aggregates
 every arm whose runs all finished), ``--no-calibration`` skips the in-process calibration pass.
 
