@@ -188,6 +188,7 @@ def main() -> None:
     else:
         lines.append(f"- not defined: the all-labels arm ends below its start ({full_final:.3f} < {before:.3f}), "
                      "so there is no gain to converge to.\n")
+    lines.append("\nHeld-out mean@4 at every evaluation:\n\n" + harness.eval_curve(runs))
     if missing:
         lines.append(f"\nNot reported (runs not finished for every seed): {', '.join(missing)}.\n")
     if calib:
