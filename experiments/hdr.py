@@ -44,7 +44,9 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      phase-1 tau), seeds 0 1 2, ``task.env_latency_s = 0.05``, held-out eval every 5 steps (outside the
      wall-clock); measured wall-clock (``perf/wall_s_total``, sleeps included) and generated tokens to reach
      the latency grpo24 runs' own final mean@4 (the sleep does not change what is learned). Written to
-     ``latency_full.md``; run with ``--phase latency_full``, not part of ``--phase all``.
+     ``latency_full.md``; run with ``--phase latency_full``, not part of ``--phase all``. ``--steps N`` gives
+     every arm N steps and evaluates every 30 (phase 7); ``--arms`` keeps those arms (grpo24, the target, must
+     be one).
 
   6. long (issue 14, added after phases 1-5; setting and expectations written before its runs): the main phase
      again at the recipe's 150 RL steps, ``--steps 150 --tau 1e-3 --arms grpo16 grpo24 hdr fifo random
@@ -60,6 +62,21 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      seed std (as at 30 steps); grpo24 stays ahead of the 16-prompt arms at equal steps, so HDR and grpo16 reach
      grpo24's final mean@4 within their 0.67x of its tokens in at most 1-2 of 3 seeds; without latency an HDR
      step is slower than a grpo16 step (its drift scans).
+
+  7. latency_full at 150 steps (issue 14, added after phase 6; setting and expectations written before its runs):
+     phase 5 again with ``--steps 150 --arms grpo24 hdr --out experiments/out/hdr_latency150``: the two arms the
+     paper's wall-clock claim compares (HDR against the 1.5x larger fresh batch), seeds 0 1 2, 150 RL steps each,
+     ``task.env_latency_s = 0.05``, held-out eval every 30 steps (0, 30, .., 150: a subset of phase 6's, outside
+     the wall-clock). grpo16 and the naive-replay arms are left out, and evals thinned from every 10 steps, to fit
+     one session: 6 runs at about 9.5 (hdr) and 12.5 (grpo24) s a step are about 3 single-lane hours, 1.5 on two
+     lanes, and an eval costs 25-40 s here. The time to target is interpolated between 30-step evals, so it is
+     coarser than phase 6's. The lanes claim the runs seed-major, so a grpo24
+     and an hdr run share the machine most of the time (one single-thread run per core, about two thirds of
+     each step asleep). Expectations, written before the runs: (a) the sleep changes nothing that is learned,
+     so every eval (steps 30, 60, .., 150) and token count equals the phase-6 run of the same arm and seed
+     (finals 0.898 +- 0.014 and 0.885 +- 0.024); (b) HDR's whole run is 15-25% shorter than grpo24's (phase 6 DERIVED -22%, and phase 3
+     measured 2-10% less extra time than the additive model), and HDR reaches grpo24's final mean@4 in the
+     2 seeds it does in phase 6, at about 0.7-0.8x grpo24's wall-clock (DERIVED 0.73x, from 10-step evals).
 
 The step-0 held-out eval is run once per seed (arm grpo16): every arm of a seed starts from the same warm
 start and the eval sampler is seeded by the run seed only, so the other arms' step-0 evals would be identical.
@@ -92,6 +109,7 @@ LATENCY_S, LATENCY_STEPS, LATENCY_ARMS = 0.05, 6, ("grpo16", "grpo24", "hdr")
 LAT_MS = round(LATENCY_S * 1000)
 EXT_STEPS, EXT_ARMS = 35, ("grpo16", "hdr")
 FULL_STEPS, FULL_EVAL_EVERY = {"grpo16": EXT_STEPS, "grpo24": STEPS, "hdr": EXT_STEPS}, 5  # phase 5
+LONG_EVAL_EVERY = 30  # phase 7 (latency_full --steps N)
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
 BASE_ARM = "grpo16"  # the only arm that evaluates at step 0; the others share its (identical) step-0 eval
 
@@ -228,9 +246,13 @@ def with_latency_x(run: Path) -> dict[int, float]:
 # ------------------------------------------------------------------------------------------ phase 5
 def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
     """Whole runs with a real 50 ms per verified rollout: measured wall-clock and tokens to grpo24's accuracy."""
-    extra = [*COMMON, f"model.path={warm_start_dir()}", f"task.env_latency_s={LATENCY_S}", f"eval.every={FULL_EVAL_EVERY}"]
-    todo = {f"latfull_{a}": [*extra, f"trainer.steps={FULL_STEPS[a]}", *ov] for a, ov in arms(tau).items()
-            if a in FULL_STEPS}
+    steps = {a: args.steps for a in arms(tau)} if args.steps else FULL_STEPS  # phase 7: every arm args.steps
+    keep = args.arms or list(FULL_STEPS)
+    if "grpo24" not in keep:
+        raise SystemExit(f"--phase latency_full: --arms {' '.join(keep)} lacks grpo24, whose final mean@4 is the target")
+    every = LONG_EVAL_EVERY if args.steps else FULL_EVAL_EVERY
+    extra = [*COMMON, f"model.path={warm_start_dir()}", f"task.env_latency_s={LATENCY_S}", f"eval.every={every}"]
+    todo = {f"latfull_{a}": [*extra, f"trainer.steps={steps[a]}", *arms(tau)[a]] for a in keep}
     if not args.report_only:
         run_claimed(todo, sub_args(args, args.seeds))
     runs = harness.run_arms("hdr", RECIPE, todo, argparse.Namespace(**{**vars(sub_args(args, args.seeds)),
@@ -240,7 +262,7 @@ def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
     ref = {x: statistics.fmean(rows(d)[-1][x] for d in runs["latfull_grpo24"])
            for x in ("perf/wall_s_total", "perf/gen_tokens_total")}
     lines = [f"# HDR in the latency regime, measured over whole runs ({LAT_MS} ms per verified rollout)\n",
-             f"Seeds {args.seeds}; tau = {tau:g}; held-out eval every {FULL_EVAL_EVERY} steps (not in the wall-clock); "
+             f"Seeds {args.seeds}; tau = {tau:g}; held-out eval every {every} steps (not in the wall-clock); "
              f"target = the latency grpo24 runs' final mean@4 = {target:.3f}. Cells: mean ± std [min, max] over "
              "seeds; 'to target' is interpolated between evals, over the seeds that reach it, and x is relative to "
              "grpo24's mean total.\n",
@@ -260,7 +282,7 @@ def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
             got = [r for r in (harness.first_reach(eval_curve(d, key, x), target) for d in dirs) if r is not None]
             cells.append((f"{harness.fmt(harness.agg(got), 0)} ({statistics.fmean(got) / ref[x]:.2f}x)") if got else "-")
         compute = " / ".join(f"{w - z:.0f}" for w, z in zip(walls, sleeps))
-        lines.append(f"| {name} | {FULL_STEPS[name]} | {harness.fmt(fin)} | {harness.fmt(harness.agg(walls), 0)} | "
+        lines.append(f"| {name} | {steps[name]} | {harness.fmt(fin)} | {harness.fmt(harness.agg(walls), 0)} | "
                      f"{harness.fmt(harness.agg(sleeps), 0)} | {compute} | {harness.fmt(toks, 0)} | {n_got}/{len(dirs)} | "
                      + " | ".join(cells) + " |")
     md = "\n".join(lines) + "\n"
