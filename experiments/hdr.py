@@ -55,7 +55,8 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      by themselves). tau is not swept
      again: 1e-3 is what phase 1's pre-registered rule picked (it reads steps 16-30 only). The whole-run latency
      phase 5 is not repeated at 150 steps (9 runs of 150 steps at 8-13 s a step with the sleep: about 4
-     single-lane hours); the with-latency wall-clock at 150 steps is DERIVED by the additive model phases 3 and 5 measured.
+     single-lane hours); the with-latency wall-clock at 150 steps is DERIVED by the additive model phases 3 and 5 measured
+     (phase 7, added after these runs, then measured it for grpo24 and hdr).
      Expectations, written before the runs: every arm keeps learning past step 30 and is still rising at 150
      (the qlpo experiment's GRPO arm on this task, 16 prompts x G = 8: 0.634 / 0.782 / 0.853 held-out mean@4 at
      steps 40 / 100 / 140, 0.900 at 200); at equal generated tokens HDR >= grpo16 and >= fifo / random, by about a
