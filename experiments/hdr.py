@@ -286,6 +286,20 @@ def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
         lines.append(f"| {name} | {steps[name]} | {harness.fmt(fin)} | {harness.fmt(harness.agg(walls), 0)} | "
                      f"{harness.fmt(harness.agg(sleeps), 0)} | {compute} | {harness.fmt(toks, 0)} | {n_got}/{len(dirs)} | "
                      + " | ".join(cells) + " |")
+    lines += ["", "Per seed: held-out mean@4 at each eval, the measured wall-clock against grpo24's run of the same seed, "
+              "and (post-hoc, not pre-registered) the redundant `chk` re-checks per sampled answer and the length at "
+              "the first and last eval.\n", "| run | mean@4 at each eval | wall-clock s (vs grpo24) | `chk` per answer, "
+              "first / last eval | length, first / last eval |", "|---|---|---|---|---|"]
+    ref_wall = {d.name.rsplit("-", 1)[1]: rows(d)[-1]["perf/wall_s_total"] for d in runs["latfull_grpo24"]}
+    for dirs in runs.values():
+        for d in dirs:
+            pts = harness.eval_points(d, key, step0=step0_eval)
+            ends = [harness.eval_samples(d, int(s)) for s in (pts[0][0], pts[-1][0])]
+            chk = " / ".join(f"{statistics.fmean(r['text'].count('chk') for r in e):.2f}" for e in ends)
+            length = " / ".join(f"{statistics.fmean(r['length'] for r in e):.1f}" for e in ends)
+            wall = rows(d)[-1]["perf/wall_s_total"]
+            lines.append(f"| {d.name} | {' / '.join(f'{v:.3f}' for _, v in pts)} | {wall:.0f} "
+                         f"({wall / ref_wall[d.name.rsplit('-', 1)[1]] - 1:+.1%}) | {chk} | {length} |")
     md = "\n".join(lines) + "\n"
     (out_dir / "latency_full.md").write_text(md)
     return md
