@@ -222,9 +222,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    import os
+    from groupwise.models.sources import offline_by_default
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    offline_by_default()  # the hub only for a hub id in model.path (models/sources.py)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

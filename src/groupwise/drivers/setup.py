@@ -30,7 +30,7 @@ from groupwise.filter import Filter
 from groupwise.models import fsdp, lora
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import load_model, load_pretrained
-from groupwise.registry import BuildEnv, Entry
+from groupwise.registry import BuildEnv, ConfigError, Entry
 from groupwise.replay import Buffer
 from groupwise.rewards.stage import RewardStage, bind_terms
 from groupwise.rollout.base import (
@@ -224,6 +224,16 @@ def encode(problem: Problem, tokenizer, chat_template: bool = True) -> Tensor:
     return torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
 
 
+def check_chat_template(cfg: RunConfig, task: Task, tokenizer) -> None:
+    """Chat-message prompts need the tokenizer's chat template: without one the roles would be dropped silently."""
+    first = next(iter(task.test), None)
+    if cfg.model.chat_template and first is not None and not isinstance(first.prompt, str) \
+            and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"model.chat_template: the tokenizer of '{cfg.model.path}' has no chat template, but the "
+                          f"task's prompts are chat messages; allowed: model.chat_template=false (the messages' "
+                          "texts joined by newlines), or a model whose tokenizer has a chat template")
+
+
 def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress) -> tuple[Any, Any, Any]:
     """(policy, tokenizer, initial_policy()): the initial weights are kept (as a frozen copy, made on first
     use) also when the policy is resumed from a checkpoint; a LoRA policy's are its base (``lora.BaseView``)."""
@@ -263,6 +273,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
         torch.set_num_threads(cfg.trainer.threads)
     task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
     policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress)
+    check_chat_template(cfg, task, tokenizer)
     e = cfg.eval  # a bad eval.forced_prefix fails here, not at the first eval
     forced_prefix_ids(tokenizer, e.forced_prefix, e.max_completion_tokens or cfg.rollout.max_completion_tokens)
     env = BuildEnv(run=cfg, seed=cfg.seed, task=task, policy=policy, tokenizer=tokenizer, initial_policy=initial,

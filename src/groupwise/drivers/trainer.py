@@ -11,6 +11,8 @@ resume, saving and signals live in ``session.py``.
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 
 import torch
@@ -75,9 +77,15 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     metrics.update({"perf/rollout_s": t_rollout, "perf/update_s": t_update, "perf/step_s": time.perf_counter() - t0,
                     "perf/gen_tokens": float(gen.tokens), "perf/generate_s": gen.seconds,
                     "perf/prompt_tokens": float(gen.prompt_tokens),
-                    "perf/gen_tokens_per_s": gen.tokens / max(gen.seconds, 1e-9),
+                    "perf/gen_tokens_per_s": gen.tokens / max(gen.seconds, 1e-9), "perf/peak_rss_mb": peak_rss_mb(),
                     "update/replay_rows": float(sum(len(r.group.samples) for r in replayed))})
     return metrics
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux reports KiB, macOS bytes)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
 def require_scored(groups: list[Group], where: str) -> None:

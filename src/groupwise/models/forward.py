@@ -90,11 +90,17 @@ def shared_prefix_logprobs(model: torch.nn.Module, packed: Packed, prompts: list
 
 
 def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
-            share: bool = True) -> tuple[Any, Tensor, Tensor]:
+            share: bool = True, common: bool = True) -> tuple[Any, Tensor, Tensor]:
     """One forward per distinct prompt (left-padded), its KV cache expanded to one row per prompt given (an index:
     differentiable, so under grad each distinct prompt's backward also runs once). Returns (cache, the last
     prompt position's logits [B, V], the attention mask [B, W]); generation and ``shared_prefix_logprobs`` share it.
-    ``share=False`` runs every prompt given, duplicates included (``rollout.generator.share_prefill``)."""
+    ``share=False`` runs every prompt given, duplicates included (``rollout.generator.share_prefill``).
+
+    ``common``: the longest token prefix that every distinct prompt starts with (a system prompt, worked examples)
+    runs once, as one row, and the prompts' remaining tokens run on top of its cache (expanded by an index, so its
+    backward also runs once). The rows are then laid out ``[common prefix | left padding | rest of the prompt]``,
+    the padding masked and the positions those of the whole prompt, so every later step sees what a plain prefill
+    leaves, up to float summation order (``tests/unit/models/test_common_prefix.py``)."""
     index: dict[Any, int] = {}  # prompt (or its position, unshared) -> its row in the forward
     uniq: list[Tensor] = []
     rows: list[int] = []
@@ -102,20 +108,45 @@ def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
         key = tuple(p.tolist()) if share else i
         if key not in index:
             index[key] = len(uniq)
-            uniq.append(p)
+            uniq.append(p.cpu())
         rows.append(index[key])
     row = torch.tensor(rows, device=device)
+    n_common = common_prefix_len(uniq) if common and share and len(uniq) > 1 else 0
+    cache_kw: dict[str, Any] = {}
+    if n_common:
+        head = torch.arange(n_common, device=device).unsqueeze(0)
+        first = model(input_ids=uniq[0][:n_common].unsqueeze(0).to(device), attention_mask=torch.ones_like(head),
+                      position_ids=head, use_cache=True, logits_to_keep=1)
+        cache = first.get("cache") or first.get("past_key_values")
+        cache.batch_select_indices(torch.zeros(len(uniq), dtype=torch.long, device=device))
+        cache_kw = {cache_keyword(model): cache}
+        uniq = [p[n_common:] for p in uniq]
     width = max(len(p) for p in uniq)
     ids = torch.full((len(uniq), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(uniq), width), dtype=torch.long)
     for u, p in enumerate(uniq):
-        ids[u, width - len(p):], attn[u, width - len(p):] = p.cpu(), 1
+        ids[u, width - len(p):], attn[u, width - len(p):] = p, 1
     ids, attn = ids.to(device), attn.to(device)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True, logits_to_keep=1)
+    positions = n_common + (attn.cumsum(-1) - 1).clamp(min=0)
+    attn = torch.cat([attn.new_ones(len(uniq), n_common), attn], dim=1)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1,
+                **cache_kw)
     cache = out.get("cache") or out.get("past_key_values")
     cache.batch_select_indices(row)  # one cache row per prompt given
     return cache, out.logits[:, -1][row], attn[row]
+
+
+def common_prefix_len(prompts: list[Tensor]) -> int:
+    """Tokens every prompt starts with, leaving each prompt at least one token of its own (its last position's
+    logits are the first prediction)."""
+    n = min(len(p) for p in prompts) - 1
+    head = prompts[0]
+    for p in prompts[1:]:
+        if n <= 0:
+            return 0
+        same = head[:n] == p[:n]
+        n = n if bool(same.all()) else int((~same).int().argmax())
+    return max(n, 0)
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

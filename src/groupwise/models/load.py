@@ -1,21 +1,23 @@
-"""Load the policy: any local Hugging Face causal-LM directory, or an embedded tiny model.
+"""Load the policy: any Hugging Face causal LM (``sources.py`` resolves ``model.path`` to a local directory:
+a directory, a ``.gguf`` file, a hub id or an alias such as ``smollm2-135m-instruct``), or an embedded tiny model.
 
 ``embedded:<preset>`` builds the tiny Llama + character tokenizer (``tiny.py``) and, when
 ``model.warm_start`` is on, starts from the cached SFT warm start on the task's traces (``warm_start.py``).
-A local directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and nothing is downloaded. A
-directory that does not load (a bad ``config.json``, a missing tokenizer) and a ``model.device`` this machine
+A local directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and nothing is downloaded; before
+it loads, its parameter count (from the config, on the meta device) is checked against the memory available
+(``sources.check_memory``: weights, and for full fine-tuning gradients and AdamW state). A directory that does
+not load (a bad ``config.json``, a missing tokenizer) and a ``model.device`` this machine
 does not have are one-line ``ConfigError``s naming the key.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from groupwise.config import ModelConfig
-from groupwise.models import lora
+from groupwise.models import lora, sources
 from groupwise.registry import ConfigError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,7 +26,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def load_pretrained(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sources.offline_by_default()
     path = Path(path)
     if lora.is_adapter_dir(path):  # a LoRA adapter (a LoRA run's checkpoint): its base, with the adapter on
         model, _ = load_pretrained(lora.base_path(path), dtype, device)
@@ -76,7 +78,12 @@ def load_model(cfg: ModelConfig, task=None, progress=None, seed: int = 0):
 def _load_base(cfg: ModelConfig, task, progress):
     check_device(cfg.device)
     if not cfg.path.startswith("embedded:"):
-        return load_pretrained(cfg.path, cfg.dtype, cfg.device)
+        path = sources.resolve(cfg.path)
+        n = None if lora.is_adapter_dir(path) else sources.count_params(path)
+        if n is not None:
+            sources.check_memory(n, sources.training_bytes_per_param(cfg.dtype, cfg.lora is not None),
+                                 f"training '{cfg.path}' in {cfg.dtype}", "model.path", cfg.device)
+        return load_pretrained(path, cfg.dtype, cfg.device)
     from groupwise.models import tiny
 
     preset = cfg.path.split(":", 1)[1]

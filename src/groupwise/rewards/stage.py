@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,7 @@ class RewardStage:
         self.verifier = make_verifier(task, timeout_s, isolation)  # rewards/verifier.py
         self._step: int | None = None
         self._errors: dict[str, float] = {}
+        self._seconds = 0.0  # this step's time in verifiers and terms (perf/reward_s)
         self._reported: set[str] = set()
 
     def verify(self, groups: list[Group]) -> None:
@@ -97,7 +99,12 @@ class RewardStage:
 
     def __call__(self, groups: list[Group], step: int) -> None:
         if step != self._step:
-            self._step, self._errors = step, {}
+            self._step, self._errors, self._seconds = step, {}, 0.0
+        t0 = time.perf_counter()
+        self._score(groups, step)
+        self._seconds += time.perf_counter() - t0
+
+    def _score(self, groups: list[Group], step: int) -> None:
         self.verify(groups)
         totals = [[0.0] * len(g.samples) for g in groups]
         for t in self.terms:
@@ -151,7 +158,8 @@ class RewardStage:
               "later failures are counted without a message)", file=sys.stderr, flush=True)
 
     def metrics(self) -> dict[str, float]:
-        return {f"reward/{t.label}_errors": self._errors.get(t.label, 0.0) for t in self.terms}
+        return {**{f"reward/{t.label}_errors": self._errors.get(t.label, 0.0) for t in self.terms},
+                "perf/reward_s": self._seconds}
 
     def take_errors(self) -> dict[str, float]:
         """This step's failure counts so far, by term label, cleared (a rollout worker sends them per shard)."""

@@ -30,6 +30,10 @@ class HFConfig:
     share_prefill: bool = True
     """Identical prompts (a group's G samples) share one prefill forward; false prefills every row (the same
     tokens and log-probs up to float summation order; for measuring the saving, benchmarks/levers.py)."""
+    share_common_prefix: bool = True
+    """The token prefix every prompt of a generate call starts with (a system prompt, worked examples) is
+    prefilled once for all of them (``forward.prefill``; the same tokens and log-probs up to float summation
+    order); false prefills it with every distinct prompt."""
     decode: Literal["model", "fused"] = "model"
     """``model``: every decode step is the model's own forward with its ``DynamicCache``. ``fused``: Llama-family
     models (llama, mistral, qwen2, qwen3) decode with fused QKV and gate/up GEMMs and a preallocated KV buffer
@@ -75,10 +79,11 @@ class HFGenerator:
         return out
 
     def _prefill(self, reqs: list[Request]):
-        """One forward per distinct prompt (left-padded), its cache expanded to one row per request."""
+        """One forward per distinct prompt (left-padded; their common prefix once), its cache expanded to one row
+        per request."""
         dev = next(self.model.parameters()).device
         cache, logits, attn = prefill(self.model, [r.prompt_ids for r in reqs], self.pad_id, dev,
-                                    self.cfg.share_prefill)
+                                      self.cfg.share_prefill, self.cfg.share_common_prefix)
         return cache, logits, attn, attn.sum(-1)  # logits [B, V]; next positions [B]
 
     @staticmethod

@@ -42,6 +42,26 @@ def stable_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
 
 
+FewShot = tuple[tuple[str, str], ...]
+"""Worked examples shown before a task's question: (user, assistant) pairs, as earlier chat turns."""
+
+
+def chat_prompt(question: str, system: str = "", few_shot: FewShot = ()) -> str | tuple[dict[str, str], ...]:
+    """A problem's prompt: the bare question (plain text) when there is neither a system prompt nor worked
+    examples, else chat messages: the system prompt (if any), each example as a user turn and an assistant
+    turn, then the question as the last user turn."""
+    if not system and not few_shot:
+        return question
+    shots = [{"role": r, "content": c} for user, reply in few_shot for r, c in (("user", user), ("assistant", reply))]
+    return (*([{"role": "system", "content": system}] if system else []), *shots, {"role": "user", "content": question})
+
+
+def check_few_shot(few_shot: FewShot) -> None:
+    for i, pair in enumerate(few_shot):
+        if len(pair) != 2 or not all(isinstance(x, str) and x.strip() for x in pair):
+            raise ValueError(f"few_shot.{i}: allowed a [question, worked answer] pair of non-empty strings")
+
+
 def render_prompt(problem: Problem, tokenizer, use_chat_template: bool = True) -> str:
     """The prompt text fed to the model: the chat template when the tokenizer has one, else plain text."""
     msgs = problem.prompt if isinstance(problem.prompt, tuple | list) else (

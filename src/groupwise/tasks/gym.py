@@ -9,6 +9,12 @@ completion is correct iff that score is >= ``min_score``. The default scorer giv
 on the dataset name, the train split from one that also depends on the run seed; a train item whose
 question is in the test split is replaced by the same index of a reseeded copy (best effort: a tiny problem
 space can exhaust the retries). reasoning-gym is an optional extra (``pip install 'groupwise[gym]'``).
+
+``scorer: math_verify`` scores real-format math instead: the completion's final answer is read as the jsonl
+task reads it (the last ``<answer>``, else the last top-level ``\\boxed{}``, else ``#### x``:
+``math_answers.extract_answer``) and compared with the gold answer by ``math_answers.answers_match``
+(string, then math-verify), all or nothing: no substring credit. ``few_shot`` puts worked examples before
+every question as earlier chat turns (both tasks have it: ``tasks/base.py``).
 """
 
 from __future__ import annotations
@@ -18,10 +24,10 @@ import difflib
 import importlib.util
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
-from groupwise.tasks import TASKS
-from groupwise.tasks.base import stable_seed
+from groupwise.tasks import TASKS, math_answers
+from groupwise.tasks.base import FewShot, chat_prompt, check_few_shot, stable_seed
 from groupwise.types import Problem
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -91,9 +97,15 @@ class GymConfig:
     """The dataset's own config fields, e.g. ``{max_digits: 1, operators: ['+', '-']}``. YAML integers and
     floats arrive as int/float and YAML lists as tuples (reasoning-gym accepts both)."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    """Empty = the prompt is the bare question (plain text) instead of (system, user) chat messages."""
+    """Empty (and no ``few_shot``) = the prompt is the bare question (plain text) instead of chat messages."""
+    few_shot: FewShot = ()
+    """Worked examples, ``[[question, answer], ...]``, shown as earlier chat turns before every question."""
+    scorer: Literal["dataset", "math_verify"] = "dataset"
+    """``dataset``: the dataset's own ``score_answer`` on the last ``<answer>``; ``math_verify``: the final
+    answer (``<answer>``, ``\\boxed{}`` or ``####``) equal to the gold by math-verify (module docstring)."""
     min_score: float = 1.0
-    """Correct iff the dataset's ``score_answer`` >= min_score (substrings get partial credit)."""
+    """Correct iff the dataset's ``score_answer`` >= min_score (substrings get partial credit); ``dataset``
+    scorer only."""
     difficulty_key: str = "difficulty"
     """Metadata key read as ``Problem.difficulty`` when its value is a number (e.g. ``num_terms``), else 0."""
 
@@ -102,6 +114,9 @@ class GymConfig:
             raise ValueError("dataset: required (a reasoning_gym dataset name such as 'basic_arithmetic')")
         if self.size < 1 or self.test_size < 1:
             raise ValueError(f"size={self.size}, test_size={self.test_size}: both must be >= 1")
+        check_few_shot(self.few_shot)
+        if self.scorer not in ("dataset", "math_verify"):
+            raise ValueError(f"scorer={self.scorer!r}: allowed dataset, math_verify")
         if not 0.0 < self.min_score <= 1.0:
             raise ValueError(f"min_score={self.min_score}: allowed 0 < min_score <= 1")
         # Names and option keys are checked here when reasoning-gym is installed, so a recipe fails at load
@@ -171,11 +186,7 @@ class GymTask:
         number = isinstance(difficulty, int | float) and not isinstance(difficulty, bool)
         return Problem(
             id=f"{self.name}/{split}/{i}",
-            prompt=(
-                ({"role": "system", "content": self.cfg.system_prompt}, {"role": "user", "content": question})
-                if self.cfg.system_prompt
-                else question
-            ),
+            prompt=chat_prompt(question, self.cfg.system_prompt, self.cfg.few_shot),
             answer=str(entry["answer"]),
             difficulty=int(difficulty) if number else 0,
             meta={"entry": entry},
@@ -183,6 +194,8 @@ class GymTask:
 
     # ---------------------------------------------------------------------------------- verifier
     def extract_answer(self, completion: str) -> str | None:
+        if self.cfg.scorer == "math_verify":
+            return math_answers.extract_answer(completion)
         from reasoning_gym.utils import extract_answer
 
         return extract_answer(completion)
@@ -195,6 +208,8 @@ class GymTask:
         answer = self.extract_answer(completion)
         if not answer:
             return 0.0
+        if self.cfg.scorer == "math_verify":  # raises on a verifier failure: the scorer counts it
+            return float(math_answers.answers_match(math_answers.gold_answer(problem.answer), answer))
         entry = problem.meta.get("entry") or {
             "question": _question(problem),
             "answer": problem.answer,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from groupwise.tasks import TASKS, math_answers
-from groupwise.tasks.base import stable_seed
+from groupwise.tasks.base import FewShot, chat_prompt, check_few_shot, stable_seed
 from groupwise.types import Problem
 
 SAMPLE_PATH = "groupwise:data/sample_math.jsonl"
@@ -60,7 +60,10 @@ class JsonlConfig:
     id_key: str = ""
     """Column with a unique id; empty = ``<file stem>/<row index>``."""
     system_prompt: str = ""
-    """If set, prompts are chat messages (system, user); else plain text."""
+    """If set (or ``few_shot`` is), prompts are chat messages (system, user); else plain text."""
+    few_shot: FewShot = ()
+    """Worked examples, ``[[question, answer], ...]``, shown as earlier chat turns before every question (e.g.
+    to show a small model the ``\\boxed{}`` format)."""
     max_rows: int = 0
     """Read at most this many rows of each file (0 = all)."""
     max_prompt_chars: int = 20000
@@ -89,6 +92,7 @@ class JsonlConfig:
             raise ValueError("prompt_key and answer_key: must be non-empty column names")
         if self.max_rows < 0:
             raise ValueError(f"max_rows={self.max_rows}: allowed >= 0 (0 = all rows)")
+        check_few_shot(self.few_shot)
         if self.max_prompt_chars < 1:
             raise ValueError(f"max_prompt_chars={self.max_prompt_chars}: allowed >= 1")
         for f, allowed in (
@@ -191,11 +195,7 @@ def _problem(cfg: JsonlConfig, where: str, row: Any, default_id: str) -> Problem
         raise DataError(f"{where}: column '{cfg.reference_key}' must be a string, got {reference!r:.60}")
     return Problem(
         id=str(row[cfg.id_key]) if cfg.id_key else default_id,
-        prompt=(
-            ({"role": "system", "content": cfg.system_prompt}, {"role": "user", "content": prompt})
-            if cfg.system_prompt
-            else prompt
-        ),
+        prompt=chat_prompt(prompt, cfg.system_prompt, cfg.few_shot),
         answer=answer,
         difficulty=_difficulty(row[cfg.difficulty_key], where, cfg.difficulty_key)
         if cfg.difficulty_key

@@ -70,6 +70,39 @@ def test_format_and_extraction(task):
     assert not task.format_ok("<answer></answer>") and not task.format_ok("7")
 
 
+SHOTS = (("Calculate 3 + 4.", "3 + 4 = 7. The final answer is \\boxed{7}."),
+         ("Calculate 12 - 5.", "12 - 5 = 7. The final answer is \\boxed{7}."))
+
+
+def test_few_shot_examples_are_earlier_chat_turns():
+    task = GymTask(GymConfig(size=2, test_size=1, system_prompt="Box it.", few_shot=SHOTS), 0)
+    question = task.test[0].meta["entry"]["question"]
+    assert task.test[0].prompt == (
+        {"role": "system", "content": "Box it."},
+        {"role": "user", "content": "Calculate 3 + 4."},
+        {"role": "assistant", "content": "3 + 4 = 7. The final answer is \\boxed{7}."},
+        {"role": "user", "content": "Calculate 12 - 5."},
+        {"role": "assistant", "content": "12 - 5 = 7. The final answer is \\boxed{7}."},
+        {"role": "user", "content": question},
+    )
+    no_system = GymTask(GymConfig(size=2, test_size=1, system_prompt="", few_shot=SHOTS[:1]), 0).test[0].prompt
+    assert [m["role"] for m in no_system] == ["user", "assistant", "user"]
+
+
+def test_math_verify_scorer_reads_boxed_answers_all_or_nothing():
+    task = GymTask(GymConfig(dataset="chain_sum", size=2, test_size=1, scorer="math_verify"), 0)
+    base = task.test[0]
+    p = dataclasses.replace(base, answer="-41", meta={"entry": {**base.meta["entry"], "answer": "-41"}})
+    assert task.verify(p, "21 - 62 = -41. The final answer is \\boxed{-41}.")
+    assert task.verify(p, "\\boxed{-41.0}")  # math-verify: numerically equal
+    assert task.verify(p, "<answer>-41</answer>")
+    assert not task.verify(p, "\\boxed{41}") and task.score(p, "\\boxed{41}") == 0.0  # no substring credit
+    assert not task.verify(p, "The answer is -41.")  # no boxed or tagged answer: no answer
+    assert not task.verify(p, "\\boxed{-41} wait, \\boxed{-40}")  # the last box answers
+    assert task.extract_answer("so \\boxed{7}.") == "7" and task.format_ok("\\boxed{7}")
+    assert not task.format_ok("7")
+
+
 def test_seeds_and_held_out_disjointness():
     a = GymTask(GymConfig(size=300, test_size=40, dataset_args=TINY), seed=0)
     b = GymTask(GymConfig(size=300, test_size=40, dataset_args=TINY), seed=1)
@@ -113,6 +146,9 @@ def test_sft_examples_not_available():
         ({"size": 0}, r"size=0"),
         ({"min_score": 0.0}, r"min_score=0.0"),
         ({"min_score": 1.5}, r"min_score=1.5"),
+        ({"scorer": "exact"}, r"scorer='exact': allowed dataset, math_verify"),
+        ({"few_shot": (("Calculate 1 + 1.",),)}, r"few_shot\.0: allowed a \[question, worked answer\] pair"),
+        ({"few_shot": (("Calculate 1 + 1.", " "),)}, r"few_shot\.0: allowed a \[question, worked answer\] pair"),
     ],
 )
 def test_config_errors_are_one_line(kwargs, message):

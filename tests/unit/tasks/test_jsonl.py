@@ -138,6 +138,22 @@ def test_column_remapping_and_system_prompt(tmp_path):
     assert task.train[1].answer == "6"
 
 
+def test_few_shot_turns_precede_the_question_and_leave_the_split_alone(tmp_path):
+    rows = [{"question": f"What is {i}+1?", "answer": i + 1} for i in range(40)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    plain = JsonlTask(JsonlConfig(train_path=path, test_fraction=0.25))
+    shots = (("What is 1+1?", "1+1=2. \\boxed{2}"),)
+    task = JsonlTask(JsonlConfig(train_path=path, test_fraction=0.25, few_shot=shots))
+    assert [p.id for p in task.test] == [p.id for p in plain.test]  # the split hashes the question only
+    assert task.test[0].prompt == (
+        {"role": "user", "content": "What is 1+1?"},
+        {"role": "assistant", "content": "1+1=2. \\boxed{2}"},
+        {"role": "user", "content": plain.test[0].prompt},
+    )
+    with pytest.raises(ValueError, match=r"few_shot\.0: allowed a \[question, worked answer\] pair"):
+        JsonlConfig(train_path=path, few_shot=(("only a question",),))
+
+
 def test_default_ids_and_max_rows(tmp_path):
     rows = [{"question": f"q{i}", "answer": i} for i in range(10)]
     task = JsonlTask(
