@@ -60,7 +60,8 @@ def run(opts: vs_trl.Options, levers: list[str], log=print, isolate: bool = True
     workdir = Path(opts.workdir) if opts.workdir else Path(tempfile.mkdtemp(prefix="levers-"))
     workdir.mkdir(parents=True, exist_ok=True)
     info = vs_trl.make_model_dir(opts, workdir / "model")
-    spec = {"model_dir": info["model_dir"], "steps": opts.steps, "prompts": opts.prompts, "group": opts.group,
+    spec = {"model_dir": info["model_dir"], "task": info.get("task", vs_trl.TASK), "steps": opts.steps,
+            "prompts": opts.prompts, "group": opts.group,
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
             "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens}
     arms = {"trl": None, **variants(levers)}

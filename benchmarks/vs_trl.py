@@ -4,6 +4,7 @@
     PYTHONPATH=src python benchmarks/vs_trl.py                  # lab-small, random init, full-length
     PYTHONPATH=src python benchmarks/vs_trl.py --warm-start     # SFT warm start, completions stop at EOS
     PYTHONPATH=src python benchmarks/vs_trl.py --quick          # seconds; what the smoke test runs
+    PYTHONPATH=src python benchmarks/vs_trl.py --model smollm2-135m-instruct   # regime "real" (minutes per step)
 
 Both sides load one saved model directory, train on the same lab prompts (the ``random`` selector's draws for
 steps 0..N-1, rendered with the tokenizer's chat template), with the same G, prompts per step, completion cap,
@@ -23,6 +24,13 @@ Regimes (see docs/benchmarks.md):
   --warm-start  groupwise's cached SFT warm start of the embedded preset (the lab traces), with the real EOS;
                 completions stop at EOS. The reward is the lab's correctness verifier; groupwise skips rows
                 of zero-variance groups (TRL trains them with zero advantage), reported as "rows trained".
+
+  --model M     (regime "real") a pretrained model: anything ``model.path`` accepts (a directory, a .gguf file, a
+                hub id, the alias ``smollm2-135m-instruct``), resolved once (``models/sources.py``) and loaded by both
+                sides from that directory; the problems are ``--recipe``'s task (default recipes/smollm2_math.yaml:
+                reasoning-gym arithmetic behind a system prompt and two worked examples, rendered with the model's
+                chat template, scored by math-verify), completions stop at EOS, every weight is trained (no LoRA on
+                either side) at lr 1e-5 unless ``--lr`` says otherwise.
 
   --prefix-tokens N  (regime C) every prompt behind the same N-token system prompt, as a chat system message on
                 both sides (real RLVR prompts are 100-500 tokens shared by a group's G completions);
@@ -79,10 +87,16 @@ class Options:
     shared_prefix: bool = False
     fused_decode: bool = False
     gw: tuple[str, ...] = ()  # groupwise-only config overrides (``key=value``), e.g. one lever switched off
+    model: str = ""  # regime "real": a pretrained model (``model.path`` syntax); "" = the embedded preset
+    recipe: str = "recipes/smollm2_math.yaml"  # regime "real": the recipe whose task supplies the problems
 
     @property
     def reward_kind(self) -> str:
-        return self.reward if self.reward != "auto" else ("correctness" if self.warm_start else "dense")
+        return self.reward if self.reward != "auto" else ("correctness" if self.warm_start or self.model else "dense")
+
+    @property
+    def label(self) -> str:
+        return self.model or self.preset
 
 
 QUICK = dict(preset="lab-tiny", steps=2, prompts=2, group=4, max_tokens=8, repeats=1, matmul_n=256)
@@ -96,14 +110,23 @@ def _use_src() -> None:
         sys.path.insert(0, str(ROOT / "src"))
 
 
-def plan(spec: dict):
-    """The lab task and the problems of each step: exactly what groupwise's ``random`` selector draws."""
-    from groupwise.select.random import RandomSelector
-    from groupwise.tasks.lab import Lab, LabConfig
+def build_task(task: dict, seed: int):
+    """The groupwise task a ``task:`` mapping names (the lab by default), built as a run builds it."""
+    from groupwise import catalog
+    from groupwise import config as gconfig
+    from groupwise.registry import BuildEnv
 
-    lab = Lab(LabConfig(**{k: v for k, v in TASK.items() if k != "name"}), spec["seed"])
-    selector = RandomSelector(lab, spec["seed"])
-    return lab, [selector.next(step, spec["prompts"]) for step in range(spec["steps"])]
+    cfg = gconfig.load(None, (), base={"task": task, "seed": seed})
+    return catalog.build(cfg.task, BuildEnv(run=cfg, seed=seed))
+
+
+def plan(spec: dict):
+    """The task and the problems of each step: exactly what groupwise's ``random`` selector draws."""
+    from groupwise.select.random import RandomSelector
+
+    task = build_task(spec.get("task", TASK), spec["seed"])
+    selector = RandomSelector(task, spec["seed"])
+    return task, [selector.next(step, spec["prompts"]) for step in range(spec["steps"])]
 
 
 def system_prompt(model_dir: str, n: int) -> str:
@@ -119,8 +142,10 @@ def system_prompt(model_dir: str, n: int) -> str:
 
 
 def messages(problem, system: str) -> list[dict]:
-    """The chat messages of one problem on both sides: the system prompt (if any), then the lab prompt."""
-    return [*([{"role": "system", "content": system}] if system else []), {"role": "user", "content": problem.prompt}]
+    """The chat messages of one problem on both sides: the system prompt (if any), then the problem's prompt (the
+    lab's plain text as a user turn, or a task's own chat messages)."""
+    own = [{"role": "user", "content": problem.prompt}] if isinstance(problem.prompt, str) else list(problem.prompt)
+    return [*([{"role": "system", "content": system}] if system else []), *own]
 
 
 def reward_value(task, problem, text: str, kind: str) -> float:
@@ -133,13 +158,16 @@ def reward_value(task, problem, text: str, kind: str) -> float:
 
 
 def make_model_dir(opts: Options, dest: Path) -> dict:
-    """Save the one model directory both sides load (``save_pretrained`` + tokenizer)."""
+    """Save the one model directory both sides load (``save_pretrained`` + tokenizer); regime "real": the
+    pretrained model's own directory, resolved (converted once, cached) by ``models/sources.py``."""
     _use_src()
     import torch
 
     from groupwise.models import tiny
 
     torch.set_num_threads(opts.threads)
+    if opts.model:
+        return real_model_dir(opts)
     if opts.warm_start:
         from groupwise.config import ModelConfig
         from groupwise.models.warm_start import ensure_warm_start
@@ -170,6 +198,23 @@ def make_model_dir(opts: Options, dest: Path) -> dict:
 
     n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(dest).parameters())
     return {"model_dir": str(dest), "params": n, "regime": regime, "model_setup_s": setup}
+
+
+def real_model_dir(opts: Options) -> dict:
+    import yaml
+    from transformers import AutoConfig
+
+    from groupwise.models import sources
+
+    t = time.perf_counter()
+    model_dir = sources.resolve(opts.model)
+    task = yaml.safe_load((ROOT / opts.recipe).read_text())["task"]
+    n = sources.count_params(model_dir)
+    kind = AutoConfig.from_pretrained(model_dir).model_type
+    regime = (f"real: {opts.model} ({kind}, {model_dir.name}), {opts.recipe}'s task ({task.get('dataset', task['name'])}"
+              f"), chat template, completions stop at EOS, full fine-tuning")
+    return {"model_dir": str(model_dir), "params": n, "regime": regime, "model_setup_s": time.perf_counter() - t,
+            "task": task}
 
 
 def matmul_peak(n: int, threads: int, reps: int = 5) -> dict:
@@ -219,7 +264,7 @@ def side_groupwise(spec: dict) -> dict:
         "name": "vs_trl", "out_dir": spec["workdir"], "seed": spec["seed"],
         "model": {"path": spec["model_dir"], "warm_start": False, "dtype": spec.get("dtype", "float32"),
                   "device": spec.get("device", "cpu")},
-        "task": dict(TASK),
+        "task": dict(spec.get("task", TASK)),
         "rollout": {"prompts_per_step": spec["prompts"], "group_size": spec["group"],
                     "max_completion_tokens": spec["max_tokens"], "temperature": 1.0, "top_p": 1.0,
                     # benchmarks/gpu_engines.py: a colocated vLLM engine on both sides
@@ -469,7 +514,7 @@ def table(result: dict) -> str:
     pk = result["peak_flops"]
     probes = ", ".join(f"{p / 1e9:.0f}" for p in result["peak_probes"])
     lines = [
-        f"groupwise vs TRL {result['versions']['trl']} GRPOTrainer | {o['preset']} "
+        f"groupwise vs TRL {result['versions']['trl']} GRPOTrainer | {o['model'] or o['preset']} "
         f"({result['params'] / 1e6:.2f}M params) | {result['regime']} | reward {result['reward']}",
         f"work/step: {o['prompts']} prompts x G={o['group']} = {o['prompts'] * o['group']} completions, cap "
         f"{o['max_tokens']} | fp32, {o['threads']} thread(s), lr {o['lr']} | {o['steps']} steps x "
@@ -531,7 +576,8 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
         info["regime"] += "; groupwise rollout.generator.decode=fused"
     if opts.gw:
         info["regime"] += "; groupwise " + " ".join(opts.gw)
-    spec = {"model_dir": info["model_dir"], "steps": opts.steps, "prompts": opts.prompts, "group": opts.group,
+    spec = {"model_dir": info["model_dir"], "task": info.get("task", TASK), "steps": opts.steps,
+            "prompts": opts.prompts, "group": opts.group,
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
             "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens,
             "shared_prefix": opts.shared_prefix, "fused_decode": opts.fused_decode, "gw": list(opts.gw)}
@@ -592,6 +638,9 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
                    help="groupwise: rollout.generator.decode=fused (Llama-family fused decode step)")
     p.add_argument("--gw", action="append", metavar="KEY=VALUE",
                    help="a groupwise-only config override (repeatable), e.g. optim.skip_inert_rows=false")
+    p.add_argument("--model", help="regime real: a pretrained model (a directory, a .gguf file, a hub id or "
+                   "smollm2-135m-instruct); both sides train every weight")
+    p.add_argument("--recipe", help=f"regime real: the recipe whose task gives the problems (default {d.recipe})")
     p.add_argument("--quick", action="store_true", help="tiny settings for a seconds-long smoke run")
     p.add_argument("--in-process", action="store_true",
                    help="run both sides in this process (debugging; peak RSS is then not per side)")
@@ -603,6 +652,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
             values[f.name] = v
     if a.warm_start:
         values["warm_start"] = True
+    if a.model and a.lr is None:
+        values["lr"] = 1e-5  # a full fine-tuning lr for a pretrained model (the lab's 1e-4 is for a 0.8M toy)
     if a.shared_prefix:
         values["shared_prefix"] = True
     if a.fused_decode:

@@ -158,8 +158,12 @@ class RewardStage:
               "later failures are counted without a message)", file=sys.stderr, flush=True)
 
     def metrics(self) -> dict[str, float]:
-        return {**{f"reward/{t.label}_errors": self._errors.get(t.label, 0.0) for t in self.terms},
-                "perf/reward_s": self._seconds}
+        return {f"reward/{t.label}_errors": self._errors.get(t.label, 0.0) for t in self.terms}
+
+    @property
+    def seconds(self) -> float:
+        """This step's time in the verifiers and terms so far (the loop logs it as ``perf/reward_s``)."""
+        return self._seconds
 
     def take_errors(self) -> dict[str, float]:
         """This step's failure counts so far, by term label, cleared (a rollout worker sends them per shard)."""
