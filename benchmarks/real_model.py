@@ -1,25 +1,28 @@
 #!/usr/bin/env python
-"""The real model on this CPU: where a GRPO step's time goes, LoRA against full fine-tuning, and the largest batch
-that fits in memory. Everything runs recipes/smollm2_math.yaml (SmolLM2-135M-Instruct) through the CLI or the
-library's own generator and update, each measurement in a fresh process (so peak RSS is its own).
+"""The real model on this CPU: where a GRPO step's time goes, LoRA against full fine-tuning, and the largest
+batch that fits in memory. Everything runs recipes/smollm2_math.yaml (SmolLM2-135M-Instruct) through the CLI
+or the library's own generator and update, each measurement in a fresh process (so peak RSS is its own).
 
-    PYTHONPATH=src python benchmarks/real_model.py steps  --threads 2 --steps 5   # LoRA vs full, per-stage split
-    PYTHONPATH=src python benchmarks/real_model.py memory --threads 2              # peak RSS vs batch, and the fit
+    # LoRA vs full, per-stage split
+    PYTHONPATH=src python benchmarks/real_model.py steps  --threads 2 --steps 5
+    # peak RSS vs batch, and the fit
+    PYTHONPATH=src python benchmarks/real_model.py memory --threads 2
 
-``steps``: ``groupwise train recipes/smollm2_math.yaml`` for ``--steps`` steps per arm (evals off, no checkpoints):
-``lora`` is the recipe as committed (LoRA r 16 on every linear layer, lr 6e-4), ``full`` trains every weight
-(``model.lora=null optim.lr=1e-5``). Reported per arm: the medians over steps 2..N of s/step and its split
-(``perf/generate_s``, ``perf/reward_s``, ``perf/update_s``; the rest of the rollout stage is selection, prompt
-encoding and bookkeeping), generated tokens/s over the whole step and over generation alone, and the run's peak
-RSS. The arms alternate (lora, full, full, lora, ...) with ``--repeats`` pairs.
+``steps``: ``groupwise train recipes/smollm2_math.yaml`` for ``--steps`` steps per arm (evals off, no
+checkpoints): ``lora`` is the recipe as committed (LoRA r 16 on every linear layer, lr 6e-4), ``full`` trains
+every weight (``model.lora=null optim.lr=1e-5``). Reported per arm: the medians over steps 2..N of s/step and
+its split (``perf/generate_s``, ``perf/reward_s``, ``perf/update_s``; the rest of the rollout stage is
+selection, prompt encoding and bookkeeping), generated tokens/s over the whole step and over generation alone,
+and the run's peak RSS. The arms alternate (lora, full, full, lora, ...) with ``--repeats`` pairs.
 
-``memory``: peak RSS of (a) one generate call of R rows (groups of 8, every row forced to the 48-token cap) for
-R in ``--rows``, and (b) one update (forward + backward + AdamW step, full fine-tuning and LoRA) on a fixed batch of
-64 rows at ``optim.micro_batch_tokens`` M in ``--micro``. Memory grows linearly in R (the KV cache and the
-sampling buffers) and in M (activations and one micro-batch of full-vocabulary logits); the fitted slopes give
-the largest R and M under ``--budget-gib`` (24 GiB, this machine's memory) with 10% headroom. The update's memory
-does not depend on the number of rows per step (the update is micro-batched by tokens), so the batch limit is the
-generator's ``max_batch_rows`` and the update's ``micro_batch_tokens``, not ``prompts_per_step x group_size``.
+``memory``: peak RSS of (a) one generate call of R rows (groups of 8, every row forced to the 48-token cap)
+for R in ``--rows``, and (b) one update (forward + backward + AdamW step, full fine-tuning and LoRA) on a
+fixed batch of 64 rows at ``optim.micro_batch_tokens`` M in ``--micro``. Memory grows linearly in R (the KV
+cache and the sampling buffers) and in M (activations and one micro-batch of full-vocabulary logits); the
+fitted slopes give the largest R and M under ``--budget-gib`` (24 GiB, this machine's memory) with 10%
+headroom. The update's memory does not depend on the number of rows per step (the update is micro-batched by
+tokens), so the batch limit is the generator's ``max_batch_rows`` and the update's ``micro_batch_tokens``, not
+``prompts_per_step x group_size``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ ARMS = {"lora": [], "full": ["model.lora=null", "optim.lr=1e-5"]}
 
 
 def _env(threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     return env
 
@@ -49,8 +53,8 @@ def _env(threads: int) -> dict:
 # ------------------------------------------------------------------------------------------------- steps
 def run_arm(arm: str, steps: int, threads: int, out_dir: Path, tag: str) -> dict:
     overrides = [*ARMS[arm], f"trainer.steps={steps}", f"trainer.threads={threads}", "trainer.save_every=0",
-                 "trainer.progress=false", "trainer.sinks=[jsonl]", "trainer.record_groups=0", "eval.before=false",
-                 "eval.after=false", f"name={tag}", f"out_dir={out_dir}"]
+                 "trainer.progress=false", "trainer.sinks=[jsonl]", "trainer.record_groups=0",
+                 "eval.before=false", "eval.after=false", f"name={tag}", f"out_dir={out_dir}"]
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "groupwise.cli", "train", RECIPE, *overrides, "--overwrite"],
                           cwd=ROOT, env=_env(threads), capture_output=True, text=True)
@@ -61,10 +65,12 @@ def run_arm(arm: str, steps: int, threads: int, out_dir: Path, tag: str) -> dict
     timed = rows[1:] or rows
     med = lambda k: statistics.median(r.get(k, 0.0) for r in timed)  # noqa: E731
     return {"arm": arm, "wall_s": time.perf_counter() - t, "step_s": med("perf/step_s"),
-            "generate_s": med("perf/generate_s"), "reward_s": med("perf/reward_s"), "update_s": med("perf/update_s"),
+            "generate_s": med("perf/generate_s"), "reward_s": med("perf/reward_s"),
+            "update_s": med("perf/update_s"),
             "gen_tokens": med("perf/gen_tokens"), "prompt_tokens": med("perf/prompt_tokens"),
             "tok_per_s_step": statistics.median(r["perf/gen_tokens"] / r["perf/step_s"] for r in timed),
-            "tok_per_s_gen": med("perf/gen_tokens_per_s"), "peak_rss_mb": max(r["perf/peak_rss_mb"] for r in rows),
+            "tok_per_s_gen": med("perf/gen_tokens_per_s"),
+            "peak_rss_mb": max(r["perf/peak_rss_mb"] for r in rows),
             "trained_rows": med("rollout/samples") - med("update/skipped_rows"), "steps": len(rows)}
 
 
@@ -75,24 +81,26 @@ def steps_main(a) -> dict:
         for arm in (ARMS if r % 2 == 0 else reversed(list(ARMS))):
             print(f"[repeat {r + 1}/{a.repeats}] {arm} ...", file=sys.stderr, flush=True)
             runs.append(run_arm(arm, a.steps, a.threads, out_dir, f"{arm}-{r}"))
-    lines = [f"recipes/smollm2_math.yaml, 8 prompts x 8, 48-token cap, {a.threads} thread(s), {a.steps} steps x "
-             f"{a.repeats} run(s) per arm (medians over steps 2..N, then over runs)", "",
-             f"{'arm':<6} {'s/step':>7} {'generate':>9} {'reward':>7} {'update':>7} {'other':>6} {'gen tok':>7} "
-             f"{'tok/s step':>10} {'tok/s gen':>9} {'rows trained':>12} {'peak RSS MB':>11}"]
+    lines = [f"recipes/smollm2_math.yaml, 8 prompts x 8, 48-token cap, {a.threads} thread(s), "
+             f"{a.steps} steps x {a.repeats} run(s) per arm (medians over steps 2..N, then over runs)", "",
+             f"{'arm':<6} {'s/step':>7} {'generate':>9} {'reward':>7} {'update':>7} {'other':>6} "
+             f"{'gen tok':>7} {'tok/s step':>10} {'tok/s gen':>9} {'rows trained':>12} {'peak RSS MB':>11}"]
     for arm in ARMS:
         rs = [x for x in runs if x["arm"] == arm]
         m = {k: statistics.median(x[k] for x in rs) for k in rs[0] if isinstance(rs[0][k], float | int)}
         other = m["step_s"] - m["generate_s"] - m["reward_s"] - m["update_s"]
         lines.append(f"{arm:<6} {m['step_s']:>7.2f} {m['generate_s']:>9.2f} {m['reward_s']:>7.2f} "
-                     f"{m['update_s']:>7.2f} {other:>6.2f} {m['gen_tokens']:>7.0f} {m['tok_per_s_step']:>10.1f} "
-                     f"{m['tok_per_s_gen']:>9.1f} {m['trained_rows']:>12.1f} {m['peak_rss_mb']:>11.0f}")
+                     f"{m['update_s']:>7.2f} {other:>6.2f} {m['gen_tokens']:>7.0f} "
+                     f"{m['tok_per_s_step']:>10.1f} {m['tok_per_s_gen']:>9.1f} {m['trained_rows']:>12.1f} "
+                     f"{m['peak_rss_mb']:>11.0f}")
     print("\n".join(lines))
     return {"runs": runs, "table": lines}
 
 
 # ------------------------------------------------------------------------------------------------ memory
 def child_generate(rows: int, threads: int) -> dict:
-    """Peak RSS of the recipe's pipeline after one generate call of ``rows`` rows, every row run to the cap."""
+    """Peak RSS of the recipe's pipeline after one generate call of ``rows`` rows, every row run to the
+    cap."""
     import torch
 
     from groupwise.config import load
@@ -112,7 +120,8 @@ def child_generate(rows: int, threads: int) -> dict:
 
 
 def child_update(micro: int, lora: bool, threads: int) -> dict:
-    """Peak RSS after one update (forward, backward, AdamW step) of 64 fixed rows at ``micro`` tokens a micro-batch."""
+    """Peak RSS after one update (forward, backward, AdamW step) of 64 fixed rows at ``micro`` tokens a
+    micro-batch."""
     import torch
 
     from groupwise.config import load
@@ -134,7 +143,8 @@ def child_update(micro: int, lora: bool, threads: int) -> dict:
     adv = torch.tensor([[1.0 if j % 2 else -1.0 for j in range(8)] for _ in groups])
     t = time.perf_counter()
     p.learner.step(TokenBatch.build(groups, adv, []))
-    return {"micro": micro, "lora": lora, "loaded_mb": base, "peak_mb": _peak_mb(), "seconds": time.perf_counter() - t}
+    return {"micro": micro, "lora": lora, "loaded_mb": base, "peak_mb": _peak_mb(),
+            "seconds": time.perf_counter() - t}
 
 
 def _peak_mb() -> float:
@@ -143,8 +153,10 @@ def _peak_mb() -> float:
 
 def _child(kind: str, value: int, threads: int, extra: str = "") -> dict:
     code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import real_model as m; "
-            f"print(json.dumps(m.child_{kind}({value}, {'' if kind == 'generate' else extra + ', '}{threads})))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(threads), capture_output=True, text=True)
+            f"print(json.dumps(m.child_{kind}({value}, "
+            f"{'' if kind == 'generate' else extra + ', '}{threads})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(threads),
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} {value} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -166,23 +178,28 @@ def memory_main(a) -> dict:
     upd = []
     for lora in (False, True):
         for m in a.micro:
-            print(f"update at {m} tokens a micro-batch ({'lora' if lora else 'full'}) ...", file=sys.stderr, flush=True)
+            print(f"update at {m} tokens a micro-batch ({'lora' if lora else 'full'}) ...", file=sys.stderr,
+                  flush=True)
             upd.append(_child("update", m, a.threads, str(lora)))
     g0, g1 = fit([x["rows"] for x in gen], [x["peak_mb"] for x in gen])
-    lines = [f"peak RSS, one process per point, {a.threads} thread(s); linear fits; budget {a.budget_gib} GiB x 0.9", "",
+    lines = [f"peak RSS, one process per point, {a.threads} thread(s); linear fits; "
+             f"budget {a.budget_gib} GiB x 0.9", "",
              "generate (groups of 8, 48 new tokens a row, prompts ~112 tokens):"]
     lines += [f"  {x['rows']:>5} rows: peak {x['peak_mb']:>7.0f} MB (model loaded: {x['loaded_mb']:.0f} MB), "
               f"{x['tokens'] / x['seconds']:.0f} tok/s" for x in gen]
-    lines.append(f"  fit: {g0:.0f} MB + {g1:.2f} MB/row -> at most {int((budget - g0) / g1):,} rows per generate call")
+    lines.append(f"  fit: {g0:.0f} MB + {g1:.2f} MB/row -> at most {int((budget - g0) / g1):,} rows per "
+                 "generate call")
     out = {"generate": gen, "update": upd, "generate_fit": [g0, g1], "max_rows": int((budget - g0) / g1)}
     for lora in (False, True):
         pts = [x for x in upd if x["lora"] == lora]
         u0, u1 = fit([x["micro"] for x in pts], [x["peak_mb"] for x in pts])
         name = "LoRA" if lora else "full fine-tuning"
         lines.append(f"update, {name} (64 rows x (~112 + 48) tokens):")
-        lines += [f"  micro_batch_tokens {x['micro']:>6}: peak {x['peak_mb']:>7.0f} MB, {x['seconds']:.1f} s" for x in pts]
+        lines += [f"  micro_batch_tokens {x['micro']:>6}: peak {x['peak_mb']:>7.0f} MB, {x['seconds']:.1f} s"
+                  for x in pts]
         top = int((budget - u0) / u1)
-        lines.append(f"  fit: {u0:.0f} MB + {u1 * 1024:.0f} MB per 1k tokens -> micro_batch_tokens up to {top:,}")
+        lines.append(f"  fit: {u0:.0f} MB + {u1 * 1024:.0f} MB per 1k tokens -> "
+                     f"micro_batch_tokens up to {top:,}")
         out[f"max_micro_{'lora' if lora else 'full'}"] = top
     print("\n".join(lines))
     out["table"] = lines

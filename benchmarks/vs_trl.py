@@ -4,7 +4,8 @@
     PYTHONPATH=src python benchmarks/vs_trl.py                  # lab-small, random init, full-length
     PYTHONPATH=src python benchmarks/vs_trl.py --warm-start     # SFT warm start, completions stop at EOS
     PYTHONPATH=src python benchmarks/vs_trl.py --quick          # seconds; what the smoke test runs
-    PYTHONPATH=src python benchmarks/vs_trl.py --model smollm2-135m-instruct   # regime "real" (minutes per step)
+    PYTHONPATH=src python benchmarks/vs_trl.py --model smollm2-135m-instruct
+                                                                # regime "real" (minutes per step)
 
 Both sides load one saved model directory, train on the same lab prompts (the ``random`` selector's draws for
 steps 0..N-1, rendered with the tokenizer's chat template), with the same G, prompts per step, completion cap,
@@ -25,12 +26,13 @@ Regimes (see docs/benchmarks.md):
                 completions stop at EOS. The reward is the lab's correctness verifier; groupwise skips rows
                 of zero-variance groups (TRL trains them with zero advantage), reported as "rows trained".
 
-  --model M     (regime "real") a pretrained model: anything ``model.path`` accepts (a directory, a .gguf file, a
-                hub id, the alias ``smollm2-135m-instruct``), resolved once (``models/sources.py``) and loaded by both
-                sides from that directory; the problems are ``--recipe``'s task (default recipes/smollm2_math.yaml:
-                reasoning-gym arithmetic behind a system prompt and two worked examples, rendered with the model's
-                chat template, scored by math-verify), completions stop at EOS, every weight is trained (no LoRA on
-                either side) at lr 1e-5 unless ``--lr`` says otherwise.
+  --model M     (regime "real") a pretrained model: anything ``model.path`` accepts (a directory, a .gguf
+                file, a hub id, the alias ``smollm2-135m-instruct``), resolved once (``models/sources.py``)
+                and loaded by both sides from that directory; the problems are ``--recipe``'s task (default
+                recipes/smollm2_math.yaml: reasoning-gym arithmetic behind a system prompt and two worked
+                examples, rendered with the model's chat template, scored by math-verify), completions stop at
+                EOS, every weight is trained (no LoRA on either side) at lr 1e-5 unless ``--lr`` says
+                otherwise.
 
   --prefix-tokens N  (regime C) every prompt behind the same N-token system prompt, as a chat system message on
                 both sides (real RLVR prompts are 100-500 tokens shared by a group's G completions);
@@ -92,7 +94,8 @@ class Options:
 
     @property
     def reward_kind(self) -> str:
-        return self.reward if self.reward != "auto" else ("correctness" if self.warm_start or self.model else "dense")
+        return self.reward if self.reward != "auto" else ("correctness" if self.warm_start or self.model
+                                                          else "dense")
 
     @property
     def label(self) -> str:
@@ -142,9 +145,10 @@ def system_prompt(model_dir: str, n: int) -> str:
 
 
 def messages(problem, system: str) -> list[dict]:
-    """The chat messages of one problem on both sides: the system prompt (if any), then the problem's prompt (the
-    lab's plain text as a user turn, or a task's own chat messages)."""
-    own = [{"role": "user", "content": problem.prompt}] if isinstance(problem.prompt, str) else list(problem.prompt)
+    """The chat messages of one problem on both sides: the system prompt (if any), then the problem's prompt
+    (the lab's plain text as a user turn, or a task's own chat messages)."""
+    own = ([{"role": "user", "content": problem.prompt}] if isinstance(problem.prompt, str)
+           else list(problem.prompt))
     return [*([{"role": "system", "content": system}] if system else []), *own]
 
 
@@ -211,10 +215,11 @@ def real_model_dir(opts: Options) -> dict:
     task = yaml.safe_load((ROOT / opts.recipe).read_text())["task"]
     n = sources.count_params(model_dir)
     kind = AutoConfig.from_pretrained(model_dir).model_type
-    regime = (f"real: {opts.model} ({kind}, {model_dir.name}), {opts.recipe}'s task ({task.get('dataset', task['name'])}"
-              f"), chat template, completions stop at EOS, full fine-tuning")
-    return {"model_dir": str(model_dir), "params": n, "regime": regime, "model_setup_s": time.perf_counter() - t,
-            "task": task}
+    regime = (f"real: {opts.model} ({kind}, {model_dir.name}), {opts.recipe}'s task "
+              f"({task.get('dataset', task['name'])}), chat template, completions stop at EOS, "
+              "full fine-tuning")
+    return {"model_dir": str(model_dir), "params": n, "regime": regime,
+            "model_setup_s": time.perf_counter() - t, "task": task}
 
 
 def matmul_peak(n: int, threads: int, reps: int = 5) -> dict:
@@ -640,7 +645,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
                    help="a groupwise-only config override (repeatable), e.g. optim.skip_inert_rows=false")
     p.add_argument("--model", help="regime real: a pretrained model (a directory, a .gguf file, a hub id or "
                    "smollm2-135m-instruct); both sides train every weight")
-    p.add_argument("--recipe", help=f"regime real: the recipe whose task gives the problems (default {d.recipe})")
+    p.add_argument("--recipe",
+                   help=f"regime real: the recipe whose task gives the problems (default {d.recipe})")
     p.add_argument("--quick", action="store_true", help="tiny settings for a seconds-long smoke run")
     p.add_argument("--in-process", action="store_true",
                    help="run both sides in this process (debugging; peak RSS is then not per side)")

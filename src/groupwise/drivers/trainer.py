@@ -77,8 +77,8 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     metrics.update({"perf/rollout_s": t_rollout, "perf/update_s": t_update, "perf/step_s": time.perf_counter() - t0,
                     "perf/gen_tokens": float(gen.tokens), "perf/generate_s": gen.seconds,
                     "perf/prompt_tokens": float(gen.prompt_tokens),
-                    "perf/gen_tokens_per_s": gen.tokens / max(gen.seconds, 1e-9), "perf/reward_s": p.reward.seconds,
-                    "perf/peak_rss_mb": peak_rss_mb(),
+                    "perf/gen_tokens_per_s": gen.tokens / max(gen.seconds, 1e-9),
+                    "perf/reward_s": p.reward.seconds, "perf/peak_rss_mb": peak_rss_mb(),
                     "update/replay_rows": float(sum(len(r.group.samples) for r in replayed))})
     return metrics
 

@@ -96,11 +96,12 @@ def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
     prompt position's logits [B, V], the attention mask [B, W]); generation and ``shared_prefix_logprobs`` share it.
     ``share=False`` runs every prompt given, duplicates included (``rollout.generator.share_prefill``).
 
-    ``common``: the longest token prefix that every distinct prompt starts with (a system prompt, worked examples)
-    runs once, as one row, and the prompts' remaining tokens run on top of its cache (expanded by an index, so its
-    backward also runs once). The rows are then laid out ``[common prefix | left padding | rest of the prompt]``,
-    the padding masked and the positions those of the whole prompt, so every later step sees what a plain prefill
-    leaves, up to float summation order (``tests/unit/models/test_common_prefix.py``)."""
+    ``common``: the longest token prefix that every distinct prompt starts with (a system prompt, worked
+    examples) runs once, as one row, and the prompts' remaining tokens run on top of its cache (expanded by an
+    index, so its backward also runs once). The rows are then laid out
+    ``[common prefix | left padding | rest of the prompt]``, the padding masked and the positions those of the
+    whole prompt, so every later step sees what a plain prefill leaves, up to float summation order
+    (``tests/unit/models/test_common_prefix.py``)."""
     index: dict[Any, int] = {}  # prompt (or its position, unshared) -> its row in the forward
     uniq: list[Tensor] = []
     rows: list[int] = []
@@ -115,8 +116,9 @@ def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
     cache_kw: dict[str, Any] = {}
     if n_common:
         head = torch.arange(n_common, device=device).unsqueeze(0)
-        first = model(input_ids=uniq[0][:n_common].unsqueeze(0).to(device), attention_mask=torch.ones_like(head),
-                      position_ids=head, use_cache=True, logits_to_keep=1)
+        first = model(input_ids=uniq[0][:n_common].unsqueeze(0).to(device),
+                      attention_mask=torch.ones_like(head), position_ids=head, use_cache=True,
+                      logits_to_keep=1)
         cache = first.get("cache") or first.get("past_key_values")
         cache.batch_select_indices(torch.zeros(len(uniq), dtype=torch.long, device=device))
         cache_kw = {cache_keyword(model): cache}

@@ -1,5 +1,6 @@
 """Load the policy: any Hugging Face causal LM (``sources.py`` resolves ``model.path`` to a local directory:
-a directory, a ``.gguf`` file, a hub id or an alias such as ``smollm2-135m-instruct``), or an embedded tiny model.
+a directory, a ``.gguf`` file, a hub id or an alias such as ``smollm2-135m-instruct``), or an embedded tiny
+model.
 
 ``embedded:<preset>`` builds the tiny Llama + character tokenizer (``tiny.py``) and, when
 ``model.warm_start`` is on, starts from the cached SFT warm start on the task's traces (``warm_start.py``).

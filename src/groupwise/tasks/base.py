@@ -52,8 +52,10 @@ def chat_prompt(question: str, system: str = "", few_shot: FewShot = ()) -> str 
     turn, then the question as the last user turn."""
     if not system and not few_shot:
         return question
-    shots = [{"role": r, "content": c} for user, reply in few_shot for r, c in (("user", user), ("assistant", reply))]
-    return (*([{"role": "system", "content": system}] if system else []), *shots, {"role": "user", "content": question})
+    shots = [{"role": r, "content": c} for user, reply in few_shot
+             for r, c in (("user", user), ("assistant", reply))]
+    return (*([{"role": "system", "content": system}] if system else []), *shots,
+            {"role": "user", "content": question})
 
 
 def check_few_shot(few_shot: FewShot) -> None:

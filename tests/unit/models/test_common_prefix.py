@@ -1,6 +1,6 @@
-"""The common prefix of a prefill (``forward.prefill(common=True)``): the tokens every distinct prompt starts with
-run once as one row. Generation (both decode paths) and the shared-prefix update see what a plain prefill leaves,
-up to float summation order; the prefix's tokens reach the model once."""
+"""The common prefix of a prefill (``forward.prefill(common=True)``): the tokens every distinct prompt starts
+with run once as one row. Generation (both decode paths) and the shared-prefix update see what a plain prefill
+leaves, up to float summation order; the prefix's tokens reach the model once."""
 
 import copy
 
@@ -20,11 +20,11 @@ from groupwise.models.forward import (
 from groupwise.rollout.base import Request, SamplingParams
 from groupwise.rollout.hf import HFConfig, HFGenerator
 
-# initializer_range 0.3: a random model's attention is sharp enough that a wrongly masked or misplaced key moves
-# the log-probs far beyond the tolerance (at 0.02 it would not, and the comparison could not fail)
-SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=256, vocab_size=108, pad_token_id=0, eos_token_id=1, bos_token_id=1,
-             initializer_range=0.3)
+# initializer_range 0.3: a random model's attention is sharp enough that a wrongly masked or misplaced key
+# moves the log-probs far beyond the tolerance (at 0.02 it would not, and the comparison could not fail)
+SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, vocab_size=108, pad_token_id=0,
+             eos_token_id=1, bos_token_id=1, initializer_range=0.3)
 
 
 def llama():
@@ -79,7 +79,8 @@ def test_the_prefix_reaches_the_model_once(tiny_model, tokenizer):
     ps = prompts(tokenizer)
     n = common_prefix_len(ps)
     seen = []
-    hook = tiny_model.get_input_embeddings().register_forward_hook(lambda mod, i, o: seen.append(tuple(i[0].shape)))
+    hook = tiny_model.get_input_embeddings().register_forward_hook(
+        lambda mod, i, o: seen.append(tuple(i[0].shape)))
     with torch.no_grad():
         prefill(tiny_model, ps * 2, tokenizer.pad_token_id, "cpu")
     hook.remove()
@@ -117,4 +118,5 @@ def test_shared_prefix_update_with_a_common_prefix_equals_the_unshared_pass(toke
     scale = max(float(a.abs().max()) for a in grads[0][0])
     assert scale > 1.0  # the loss sums ~40 log-probs of a sharp model: large gradients
     for a, b in zip(grads[0][0], grads[1][0]):
-        assert_close(b, a, rtol=0, atol=1e-5 * scale)  # float summation order, relative to the largest gradient
+        # float summation order, relative to the largest gradient
+        assert_close(b, a, rtol=0, atol=1e-5 * scale)

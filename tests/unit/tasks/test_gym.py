@@ -85,7 +85,8 @@ def test_few_shot_examples_are_earlier_chat_turns():
         {"role": "assistant", "content": "12 - 5 = 7. The final answer is \\boxed{7}."},
         {"role": "user", "content": question},
     )
-    no_system = GymTask(GymConfig(size=2, test_size=1, system_prompt="", few_shot=SHOTS[:1]), 0).test[0].prompt
+    no_system = GymTask(GymConfig(size=2, test_size=1, system_prompt="",
+                                  few_shot=SHOTS[:1]), 0).test[0].prompt
     assert [m["role"] for m in no_system] == ["user", "assistant", "user"]
 
 
@@ -148,7 +149,10 @@ def test_sft_examples_not_available():
         ({"min_score": 1.5}, r"min_score=1.5"),
         ({"scorer": "exact"}, r"scorer='exact': allowed dataset, math_verify"),
         ({"few_shot": (("Calculate 1 + 1.",),)}, r"few_shot\.0: allowed a \[question, worked answer\] pair"),
-        ({"few_shot": (("Calculate 1 + 1.", " "),)}, r"few_shot\.0: allowed a \[question, worked answer\] pair"),
+        (
+            {"few_shot": (("Calculate 1 + 1.", " "),)},
+            r"few_shot\.0: allowed a \[question, worked answer\] pair",
+        ),
     ],
 )
 def test_config_errors_are_one_line(kwargs, message):
