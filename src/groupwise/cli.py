@@ -78,7 +78,7 @@ def _eval(args) -> int:
         if problem := model_dir_damage(model_dir):
             raise StorageError(f"{problem}; cannot evaluate {model_dir}")
     cfg = load(recipe, [*overrides, f"model.path={model_dir}"])
-    p = build(cfg)
+    p = build(cfg, train=False)
     e = cfg.eval
     metrics, _ = evaluate_run(p, p.task.test[:e.n_problems])
     if args.json:

@@ -236,10 +236,11 @@ def check_chat_template(cfg: RunConfig, task: Task, tokenizer) -> None:
                           "chat template")
 
 
-def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress) -> tuple[Any, Any, Any]:
+def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress,
+                 train: bool = True) -> tuple[Any, Any, Any]:
     """(policy, tokenizer, initial_policy()): the initial weights are kept (as a frozen copy, made on first
     use) also when the policy is resumed from a checkpoint; a LoRA policy's are its base (``lora.BaseView``)."""
-    first, tokenizer = load_model(cfg.model, task, progress, cfg.seed)
+    first, tokenizer = load_model(cfg.model, task, progress, cfg.seed, train)
     policy = first
     if checkpoint is not None and cfg.model.lora is not None:
         lora.load_weights(policy, checkpoint / "model")
@@ -268,13 +269,14 @@ def _generator(cfg: RunConfig, env: BuildEnv) -> Generator:
 
 
 def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True,
-          worker: bool = False) -> Pipeline:
+          worker: bool = False, train: bool = True) -> Pipeline:
     """``io=False`` (the other ranks of a multi-process run): the rollout recorder writes nothing. ``worker``
-    (inside a Ray rollout worker): no teacher, no reference model, and its shards run in that process."""
+    (inside a Ray rollout worker): no teacher, no reference model, and its shards run in that process.
+    ``train=False`` (``groupwise eval``): the model's memory check counts its weights only."""
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
-    policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress)
+    policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress, train)
     check_chat_template(cfg, task, tokenizer)
     e = cfg.eval  # a bad eval.forced_prefix fails here, not at the first eval
     forced_prefix_ids(tokenizer, e.forced_prefix, e.max_completion_tokens or cfg.rollout.max_completion_tokens)

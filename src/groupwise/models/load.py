@@ -67,23 +67,25 @@ def prepare(model, tokenizer, dtype: str, device: str):
     return model, tokenizer
 
 
-def load_model(cfg: ModelConfig, task=None, progress=None, seed: int = 0):
+def load_model(cfg: ModelConfig, task=None, progress=None, seed: int = 0, train: bool = True):
     """The policy and its tokenizer, as the run config asks (see module docstring); with ``model.lora``, the
-    policy carries a fresh LoRA adapter (``lora.py``), unless ``model.path`` already is an adapter."""
-    model, tokenizer = _load_base(cfg, task, progress)
+    policy carries a fresh LoRA adapter (``lora.py``), unless ``model.path`` already is an adapter. ``train``:
+    the memory check counts gradients and optimizer state (false: the weights alone, for evals and teachers)."""
+    model, tokenizer = _load_base(cfg, task, progress, train)
     if cfg.lora is not None and not lora.is_lora(model):
         model = lora.wrap(model, cfg.lora, seed)
     return model, tokenizer
 
 
-def _load_base(cfg: ModelConfig, task, progress):
+def _load_base(cfg: ModelConfig, task, progress, train: bool = True):
     check_device(cfg.device)
     if not cfg.path.startswith("embedded:"):
         path = sources.resolve(cfg.path)
         n = None if lora.is_adapter_dir(path) else sources.count_params(path)
         if n is not None:
-            sources.check_memory(n, sources.training_bytes_per_param(cfg.dtype, cfg.lora is not None),
-                                 f"training '{cfg.path}' in {cfg.dtype}", "model.path", cfg.device)
+            per_param = sources.training_bytes_per_param(cfg.dtype, cfg.lora is not None or not train)
+            sources.check_memory(n, per_param, f"{'training' if train else 'loading'} '{cfg.path}' in {cfg.dtype}",
+                                 "model.path", cfg.device)
         return load_pretrained(path, cfg.dtype, cfg.device)
     from groupwise.models import tiny
 

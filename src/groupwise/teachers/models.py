@@ -190,7 +190,7 @@ def load_teacher_model(cfg: ModelTeacherConfig, env) -> torch.nn.Module:
     from groupwise.models.load import load_model
 
     model_cfg = dataclasses.replace(env.run.model, path=cfg.path, lora=None)  # the student's adapter is its own
-    model, tokenizer = load_model(model_cfg, env.task)
+    model, tokenizer = load_model(model_cfg, env.task, train=False)  # frozen: weights only
     if tokenizer.get_vocab() != env.tokenizer.get_vocab():
         raise ValueError(f"teacher.path={cfg.path!r}: its tokenizer's vocabulary differs from the student's; "
                          "token-level distillation needs the same vocabulary")

@@ -237,6 +237,19 @@ def test_model_too_large_is_refused_with_the_estimate_before_loading(tmp_path):
         load_model(ModelConfig(path=str(tmp_path / "big")))
 
 
+def test_an_eval_counts_the_weights_only(tmp_path, monkeypatch):
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=300).save_pretrained(tmp_path / "small")
+    n = sources.count_params(tmp_path / "small")
+    monkeypatch.setattr(sources, "available_bytes", lambda device="cpu": 8 * n)  # room for 8 bytes a parameter
+    with pytest.raises(ConfigError, match=r"training .* needs at least .* x 16 bytes\)"):
+        load_model(ModelConfig(path=str(tmp_path / "small")))
+    with pytest.raises(ConfigError, match="does not load"):  # past the memory check: no weights saved here
+        load_model(ModelConfig(path=str(tmp_path / "small")), train=False)
+
+
 def test_memory_estimate_counts_lora_as_weights_only():
     assert sources.training_bytes_per_param("float32", lora=False) == 16
     assert sources.training_bytes_per_param("float32", lora=True) == 4
