@@ -56,15 +56,28 @@ def test_the_converted_model_has_the_gguf_models_logits(converted):
     assert source["architecture"] == "llama" and "dequantised" in source["note"]
 
 
-def test_one_grpo_step_on_the_real_model(converted, tmp_path, monkeypatch):
+# the recipe's generator task, and a user's GSM8K-format file through the jsonl task with the same prompt
+JSONL = {"name": "jsonl", "train_path": "groupwise:data/sample_math.jsonl", "test_fraction": 0.25}
+
+
+@pytest.mark.parametrize("task", [None, JSONL], ids=["reasoning_gym", "jsonl"])
+def test_one_grpo_step_on_the_real_model(converted, tmp_path, monkeypatch, task):
     from groupwise.config import load
     from groupwise.drivers.trainer import train
 
     monkeypatch.setenv("GROUPWISE_CACHE", str(converted.parent.parent))  # the conversion above, not a new one
+    swap = []
+    if task:  # keep the recipe's system prompt and worked examples, swap the data
+        from groupwise.config import to_dict
+
+        recipe = to_dict(load("recipes/smollm2_math.yaml").task.cfg)
+        keep = {k: recipe[k] for k in ("system_prompt", "few_shot")}
+        swap = ["task=" + json.dumps({**task, **keep})]  # JSON is YAML
     cfg = load("recipes/smollm2_math.yaml", [
         f"out_dir={tmp_path}", "trainer.steps=1", "trainer.progress=false", "trainer.sinks=[jsonl]",
         "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_completion_tokens=16",
-        "eval.before=false", "eval.after=false", "reward.verifier_isolation=alarm"])
+        "eval.before=false", "eval.after=false", "reward.verifier_isolation=alarm", *swap])
+    assert cfg.task.name == (task or {"name": "reasoning_gym"})["name"] and len(cfg.task.cfg.few_shot) == 2
     train(cfg)
     run = tmp_path / "smollm2_math"
     m = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
