@@ -87,6 +87,7 @@ def test_levers_quick_run_switches_each_lever_alone(vs_trl, tmp_path):
     assert list(result["summary"]) == ["trl", "all off", "+ skip_inert_rows", "+ share_prefill", "defaults", "all on"]
     runs = {r["side"]: r for r in result["runs"]}
     assert runs["all off"]["resolved"] == {"optim.skip_inert_rows": False, "rollout.generator.share_prefill": False,
+                                           "rollout.generator.share_common_prefix": False,
                                            "rollout.generator.compact_below": 0.0, "optim.micro_batch_tokens": 8192,
                                            "rollout.generator.decode": "model", "optim.shared_prefix": False}
     on = runs["+ share_prefill"]["resolved"]

@@ -69,8 +69,9 @@ def prepare(model, tokenizer, dtype: str, device: str):
 
 def load_model(cfg: ModelConfig, task=None, progress=None, seed: int = 0, train: bool = True):
     """The policy and its tokenizer, as the run config asks (see module docstring); with ``model.lora``, the
-    policy carries a fresh LoRA adapter (``lora.py``), unless ``model.path`` already is an adapter. ``train``:
-    the memory check counts gradients and optimizer state (false: the weights alone, for evals and teachers)."""
+    policy carries a fresh LoRA adapter (``lora.py``), unless ``model.path`` already is an adapter.
+    ``train``: the memory check counts gradients and optimizer state (false: the weights alone, for evals and
+    teachers)."""
     model, tokenizer = _load_base(cfg, task, progress, train)
     if cfg.lora is not None and not lora.is_lora(model):
         model = lora.wrap(model, cfg.lora, seed)
@@ -84,8 +85,8 @@ def _load_base(cfg: ModelConfig, task, progress, train: bool = True):
         n = None if lora.is_adapter_dir(path) else sources.count_params(path)
         if n is not None:
             per_param = sources.training_bytes_per_param(cfg.dtype, cfg.lora is not None or not train)
-            sources.check_memory(n, per_param, f"{'training' if train else 'loading'} '{cfg.path}' in {cfg.dtype}",
-                                 "model.path", cfg.device)
+            what = f"{'training' if train else 'loading'} '{cfg.path}' in {cfg.dtype}"
+            sources.check_memory(n, per_param, what, "model.path", cfg.device)
         return load_pretrained(path, cfg.dtype, cfg.device)
     from groupwise.models import tiny
 
