@@ -62,6 +62,42 @@ def paired_greedy(run: Path, before: int, after: int) -> tuple[int, int]:
     return sum(b[i] and not a[i] for i in a), sum(a[i] and not b[i] for i in a)
 
 
+def kinds() -> dict[str, str]:
+    """Held-out problem id -> its kind: ``a + b``, ``a - b >= 0`` or ``a - b < 0`` (the test split does not depend
+    on the run seed)."""
+    import re
+
+    from groupwise import catalog
+    from groupwise.config import load
+    from groupwise.registry import BuildEnv
+
+    cfg = load(RECIPE)
+    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    out = {}
+    for p in task.test:
+        a, op, b = re.search(r"(\d+) ([+-]) (\d+)", p.meta["entry"]["question"]).groups()
+        out[p.id] = "a + b" if op == "+" else ("a - b >= 0" if int(a) >= int(b) else "a - b < 0")
+    return out
+
+
+def by_kind(dirs: list[Path], steps: int) -> str:
+    """Greedy and mean@4 accuracy by problem kind, before and after, averaged over the seeds."""
+    kind = kinds()
+    names = ["a + b", "a - b >= 0", "a - b < 0"]
+    acc: dict[tuple[str, str, int], list[float]] = {}
+    for d in dirs:
+        for step in (0, steps):
+            for r in records(d, step):
+                acc.setdefault((kind[r["id"]], "greedy" if r["greedy"] else "sampled", step), []).append(r["correct"])
+    n = {k: sum(1 for v in kind.values() if v == k) for k in names}
+    lines = ["| kind | problems | greedy before -> after | mean@4 before -> after |\n|---|---|---|---|\n"]
+    for k in names:
+        g0, g1 = (statistics.fmean(acc[(k, "greedy", t)]) for t in (0, steps))
+        m0, m1 = (statistics.fmean(acc[(k, "sampled", t)]) for t in (0, steps))
+        lines.append(f"| {k} | {n[k]} | {g0:.3f} -> {g1:.3f} | {m0:.3f} -> {m1:.3f} |\n")
+    return "".join(lines)
+
+
 def binomial_se(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 1e-12) / n)
 
@@ -100,6 +136,7 @@ def main() -> None:
             f"{statistics.fmean(r['perf/step_s'] for r in m):.1f} | "
             f"{statistics.fmean(r['perf/generate_s'] for r in m):.1f} | "
             f"{statistics.fmean(r['perf/update_s'] for r in m):.1f} | {rss:.0f} |\n")
+    lines += ["\nBy kind of problem (mean over the seeds):\n\n", by_kind(dirs, steps)]
     plot = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/mean",
                                       "rollout/completion_len_mean"], out_dir / "curves.png")
     harness.write_report(out_dir, lines, [plot])
