@@ -63,8 +63,8 @@ def paired_greedy(run: Path, before: int, after: int) -> tuple[int, int]:
 
 
 def kinds() -> dict[str, str]:
-    """Held-out problem id -> its kind: ``a + b``, ``a - b >= 0`` or ``a - b < 0`` (the test split does not depend
-    on the run seed)."""
+    """Held-out problem id -> its kind: ``a + b``, ``a - b >= 0`` or ``a - b < 0`` (the test split does not
+    depend on the run seed)."""
     import re
 
     from groupwise import catalog
@@ -88,7 +88,8 @@ def by_kind(dirs: list[Path], steps: int) -> str:
     for d in dirs:
         for step in (0, steps):
             for r in records(d, step):
-                acc.setdefault((kind[r["id"]], "greedy" if r["greedy"] else "sampled", step), []).append(r["correct"])
+                key = (kind[r["id"]], "greedy" if r["greedy"] else "sampled", step)
+                acc.setdefault(key, []).append(r["correct"])
     n = {k: sum(1 for v in kind.values() if v == k) for k in names}
     lines = ["| kind | problems | greedy before -> after | mean@4 before -> after |\n|---|---|---|---|\n"]
     for k in names:
