@@ -220,8 +220,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; flags may come anywhere, also after the ``key=value`` overrides (argparse alone
+    stops the overrides at the first flag: ``train R.yaml --resume trainer.steps=1``)."""
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x or not hasattr(args, "overrides")]
+    if stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     from groupwise.models.sources import offline_by_default
 
     offline_by_default()  # the hub only for a hub id in model.path (models/sources.py)

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from groupwise.log import read_metrics
+from groupwise.log import read_lines, read_metrics
 from groupwise.plot import DEFAULT_METRICS
 
 ASSETS = Path(__file__).parent / "data"
@@ -44,7 +44,7 @@ def run_data(run: str | Path) -> dict[str, Any]:
     metrics = read_metrics(run)  # raises a one-line FileNotFoundError for a directory that is not a run
     rollouts = run / "rollouts.jsonl"
     return {"name": run.name, "dir": str(run), "metrics": metrics,
-            "rollouts": read_jsonl(rollouts) if rollouts.exists() else [],
+            "rollouts": [row for _, row in read_lines(rollouts)] if rollouts.exists() else [],  # torn tail skipped
             "evals": {str(k): v for k, v in read_evals(run).items()},
             "config": (run / "resolved_config.yaml").read_text() if (run / "resolved_config.yaml").exists() else ""}
 

@@ -58,3 +58,38 @@ def test_compare_and_plot(tmp_path, capsys):
     png = tmp_path / "c.png"
     assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(png), "--x", "perf/gen_tokens_total"]) == 0
     assert png.stat().st_size > 1000
+
+
+def test_flags_may_come_after_the_overrides():
+    import pytest
+
+    from groupwise.cli import parse
+
+    a = parse(["train", "R.yaml", "--resume", "trainer.steps=1"])
+    assert (a.recipe, a.overrides, a.resume) == ("R.yaml", ["trainer.steps=1"], True)
+    a = parse(["train", "R.yaml", "a=1", "--overwrite", "b=2"])
+    assert a.overrides == ["a=1", "b=2"] and a.overwrite
+    a = parse(["eval", "RUN", "--json", "eval.n_problems=8"])
+    assert (a.target, a.overrides, a.json) == ("RUN", ["eval.n_problems=8"], True)
+    with pytest.raises(SystemExit) as e:
+        parse(["train", "R.yaml", "--frobnicate", "a=1"])
+    assert e.value.code == 2
+
+
+def test_resume_without_a_run_says_it_starts_fresh(tmp_path, capsys):
+    from groupwise.config import load
+    from groupwise.drivers.session import Session
+
+    Session(load(None, [f"out_dir={tmp_path}", "name=r"]), resume=True)
+    assert f"--resume: nothing to resume at {tmp_path / 'r'} (no run there yet); starting a fresh run" in \
+        capsys.readouterr().out
+
+
+def test_inspect_skips_a_torn_last_rollouts_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    whole = json.dumps({"step": 1, "signals": [], "groups": []})
+    (run / "rollouts.jsonl").write_text(whole + "\n" + whole[:17])  # killed mid-append
+    assert main(["inspect", str(run), "--out", str(tmp_path / "r.html")]) == 0
+    assert "skipped a torn last line" in capsys.readouterr().err and (tmp_path / "r.html").stat().st_size > 1000

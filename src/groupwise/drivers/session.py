@@ -55,6 +55,9 @@ class Session:
         if not main:
             self.progress.note = lambda message: None  # rank 0 says it
         if main:
+            if resume and not (self.run_dir / "metrics.jsonl").exists():  # a restart loop's first launch
+                self.progress.note(f"--resume: nothing to resume at {self.run_dir} (no run there yet); starting "
+                                   "a fresh run")
             if resume:
                 self._same_settings()
             self._open_dir(fresh=overwrite and not resume)
