@@ -37,6 +37,7 @@ from groupwise.types import Problem
 SAMPLE_PATH = "groupwise:data/sample_math.jsonl"
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
+_LEVEL = re.compile(r"(?:[A-Za-z]+[ :_-]*)?(-?\d+)")
 
 
 class DataError(ValueError):
@@ -159,12 +160,14 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
 def _difficulty(value: Any, where: str, key: str) -> int:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return int(value)
-    m = re.search(r"-?\d+", value) if isinstance(value, str) else None
+    # a number, optionally after one word ("Level 5", "grade 3"): not any text that contains a number, so a
+    # difficulty_key naming a text column (the question) is refused instead of reading its first integer
+    m = _LEVEL.fullmatch(value.strip()) if isinstance(value, str) else None
     if m is None:
         raise DataError(
-            f"{where}: column '{key}' must be an integer (or text like 'Level 3'), got {value!r}"
+            f"{where}: column '{key}' must be an integer (or text like 'Level 3'), got {value!r:.60}"
         )
-    return int(m.group(0))
+    return int(m.group(1))
 
 
 def _problem(cfg: JsonlConfig, where: str, row: Any, default_id: str) -> Problem:

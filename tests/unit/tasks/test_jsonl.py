@@ -190,6 +190,15 @@ def test_malformed_difficulty_and_duplicate_id(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"q": "a", "answer": "1", "lvl": "hard"}])
     with pytest.raises(ValueError, match=r"d\.jsonl:1: column 'lvl' must be an integer"):
         JsonlTask(JsonlConfig(train_path=path, prompt_key="q", difficulty_key="lvl"))
+    # a difficulty_key naming a text column (here the question itself) is refused, not read as its first
+    # integer
+    path = write_jsonl(tmp_path / "q.jsonl", [{"q": "What is 12 + 30?", "answer": "42"}])
+    with pytest.raises(ValueError, match=r"q\.jsonl:1: column 'q' must be an integer \(or text like 'Level 3'"):
+        JsonlTask(JsonlConfig(train_path=path, prompt_key="q", difficulty_key="q"))
+    for text, level in (("Level 5", 5), ("grade: 2", 2), (" 7 ", 7), ("Level-3", 3), ("-2", -2)):
+        path = write_jsonl(tmp_path / "l.jsonl", [{"q": "a", "answer": "1", "lvl": text}])
+        task = JsonlTask(JsonlConfig(train_path=path, test_path=path, prompt_key="q", difficulty_key="lvl"))
+        assert task.test[0].difficulty == level
     path = write_jsonl(
         tmp_path / "e.jsonl", [{"q": "a", "answer": "1", "k": 7}, {"q": "b", "answer": "2", "k": 7}]
     )
