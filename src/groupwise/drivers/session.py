@@ -2,6 +2,9 @@
 
 Everything a driver needs around its loop, so that the loop itself only runs steps:
 
+  lock        ``<run>/.lock`` holds the owning process's pid while the run is open: a second process on the
+              same run (a second ``--resume`` or ``--overwrite``) is refused in one line naming the owner; a
+              lock left by a dead process (SIGKILL) is taken over
   open        ``<out_dir>/<name>`` is created (an existing run needs ``resume`` or ``overwrite``; a resumed run
               must keep its settings except ``RESUMABLE`` ones such as ``trainer.steps``), the resolved
               config is written (atomically), temporary directories of unfinished saves are removed, and with
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import threading
@@ -35,6 +39,7 @@ from groupwise.log import Logger, Progress, StorageError, io_reason, to_stderr, 
 from groupwise.registry import ConfigError
 
 CONFIG = "resolved_config.yaml"
+LOCK = ".lock"
 SECTIONS = ("task", "model", "rollout", "reward", "eval")  # what ``groupwise eval RUN`` reads from it
 RESUMABLE = ("trainer.steps", "trainer.save_every", "trainer.keep_last", "trainer.progress", "trainer.sinks",
              "trainer.threads", "trainer.record_groups", "eval.", "out_dir", "name", "rollout.workers")
@@ -49,6 +54,8 @@ class Session:
 
     def __init__(self, cfg: RunConfig, resume: bool = False, overwrite: bool = False, main: bool = True):
         self.cfg, self.run_dir, self.main = cfg, cfg.run_dir, main
+        if main:
+            take_lock(self.run_dir)
         if main and not resume and (self.run_dir / "metrics.jsonl").exists() and not overwrite:
             raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume to continue it or --overwrite")
         self.progress = Progress(cfg.trainer.steps, 0, cfg.trainer.progress and main)
@@ -199,6 +206,56 @@ class Session:
             self.logger.close()
         if result is not None and self.main:
             write_atomic(self.run_dir / "summary.json", json.dumps(result, indent=1))
+        if self.main:
+            release_lock(self.run_dir)
+
+
+def _lock_owner(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip() or "0") or None
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def take_lock(run_dir: Path) -> None:
+    """Own ``run_dir`` for this process (see the module docstring). This process's own lock (an earlier
+    session here that raised before closing) and a dead process's lock are taken over."""
+    path = run_dir / LOCK
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = _lock_owner(path)
+                if owner is not None and owner != os.getpid() and _alive(owner):
+                    raise StorageError(f"{run_dir}: in use by process {owner} ({path}); wait for it to end "
+                                       "or stop it, or use another name") from None
+                path.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            return
+    except OSError as e:
+        reason = io_reason(e) or e
+        raise StorageError(f"{run_dir}: cannot create the run directory or its lock: {reason}") from None
+    raise StorageError(f"{run_dir}: another process took the lock {path} at the same moment; try again")
+
+
+def release_lock(run_dir: Path) -> None:
+    path = run_dir / LOCK
+    if _lock_owner(path) == os.getpid():
+        path.unlink(missing_ok=True)
 
 
 def latest_model_dir(run_dir: str | Path, note: Callable[[str], None] = to_stderr) -> Path:
