@@ -240,7 +240,8 @@ def take_lock(run_dir: Path) -> None:
                 owner = _lock_owner(path)
                 if owner is not None and owner != os.getpid() and _alive(owner):
                     raise StorageError(f"{run_dir}: in use by process {owner} ({path}); wait for it to end "
-                                       "or stop it, or use another name") from None
+                                       "or stop it, or use another name (no groupwise there: delete the lock)"
+                                       ) from None
                 path.unlink(missing_ok=True)  # stale: its process is gone
                 continue
             with os.fdopen(fd, "w") as f:
