@@ -10,6 +10,7 @@ import pytest
 
 from groupwise import catalog
 from groupwise.config import load
+from groupwise.log import StorageError
 from groupwise.models import warm_start
 from groupwise.registry import BuildEnv
 from groupwise.tasks.lab import LabConfig
@@ -43,6 +44,21 @@ def test_a_packaged_warm_start_is_copied_into_the_cache_not_rebuilt(tmp_path, mo
     got = warm_start.ensure_warm_start("lab-tiny", task, cfg.model)
     src = warm_start.packaged_root() / got.name
     assert (got / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+
+def test_an_unwritable_cache_reads_a_packaged_warm_start_from_the_package(tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "afile" / "cache"))  # cannot be created: a file in the way
+    cfg = load(ROOT / "recipes" / "grpo_lab.yaml")
+    monkeypatch.setattr(warm_start, "sft", lambda *a, **k: pytest.fail("rebuilt a packaged warm start"))
+    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    assert warm_start.ensure_warm_start("lab-tiny", task, cfg.model) == warm_start.packaged_root() / key(cfg)
+    other = dataclasses.replace(cfg.model, warm_start_steps=7)  # nothing packaged: one line naming the cache
+    with pytest.raises(StorageError,
+                       match=r"GROUPWISE_CACHE=.*afile/cache: cannot write the warm start cache .*set "
+                             r"GROUPWISE_CACHE to a writable directory") as e:
+        warm_start.ensure_warm_start("lab-tiny", task, other)
+    assert "\n" not in str(e.value)
 
 
 def test_a_new_defaulted_task_field_keeps_existing_keys():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -96,6 +97,21 @@ def _eval(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def writing(out: str):
+    """An ``--out`` that cannot be written (read-only, no space, a file in the way) is one line naming it."""
+    from groupwise.log import StorageError, io_reason
+
+    try:
+        yield
+    except OSError as e:
+        target = Path(out).absolute()
+        on_out = bool(e.filename) and Path(e.filename).absolute() in (target, *target.parents)
+        if isinstance(e, FileNotFoundError | FileExistsError) and not on_out:  # an input (a run) is missing
+            raise
+        raise StorageError(f"--out {out}: cannot write: {io_reason(e) or e.strerror or e}") from None
+
+
 def _export(args) -> int:
     from groupwise.checkpoint import model_dir_damage
     from groupwise.drivers.session import is_run_dir, latest_model_dir
@@ -108,7 +124,9 @@ def _export(args) -> int:
         raise StorageError(f"{problem}; cannot export {model_dir}")
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: not a run directory or a model directory")
-    for d in export(model_dir, args.out):
+    with writing(args.out):
+        dirs = export(model_dir, args.out)
+    for d in dirs:
         print(d)
     return 0
 
@@ -117,7 +135,8 @@ def _plot(args) -> int:
     from groupwise.plot import plot
 
     metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) or None  # None: the default panels
-    print(plot(args.runs, args.out, metrics, x=args.x, smooth=args.smooth))
+    with writing(args.out):
+        print(plot(args.runs, args.out, metrics, x=args.x, smooth=args.smooth))
     return 0
 
 
@@ -140,7 +159,8 @@ def _inspect(args) -> int:
     if len(args.runs) > 2:
         print(f"error: inspect takes one run or two, got {len(args.runs)}", file=sys.stderr)
         return 2
-    print(inspect_runs(args.runs, args.out))
+    with writing(args.out):
+        print(inspect_runs(args.runs, args.out))
     return 0
 
 

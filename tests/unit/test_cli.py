@@ -93,3 +93,15 @@ def test_inspect_skips_a_torn_last_rollouts_line(tmp_path, capsys):
     (run / "rollouts.jsonl").write_text(whole + "\n" + whole[:17])  # killed mid-append
     assert main(["inspect", str(run), "--out", str(tmp_path / "r.html")]) == 0
     assert "skipped a torn last line" in capsys.readouterr().err and (tmp_path / "r.html").stat().st_size > 1000
+
+
+def test_an_out_path_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/correct_frac": 0.5}) + "\n")
+    (tmp_path / "afile").write_text("x")
+    for cmd in (["inspect", str(run)], ["plot", str(run)]):
+        out = tmp_path / "afile" / "report.out"  # a file where a directory should be
+        assert main([*cmd, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --out {out}: cannot write") and "\n" not in err

@@ -78,9 +78,21 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None) -> Pat
     if task is None or not hasattr(task, "sft_examples"):
         raise ValueError("a warm start needs a task with reference traces (sft_examples)")
     root = cache_root() / "warm_start"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{preset}-{warm_start_key(preset, task, cfg)}"
-    with open(root / f".{final.name}.lock", "w") as lock:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / f".{final.name}.lock", "w")  # noqa: SIM115 (held while the warm start is made)
+    except OSError as e:  # a read-only cache: a packaged warm start is read from the package itself
+        if (final / "config.json").exists():
+            return final
+        if (packaged_root() / final.name / "model.safetensors").is_file():
+            return packaged_root() / final.name
+        from groupwise.log import StorageError, io_reason
+
+        raise StorageError(f"GROUPWISE_CACHE={cache_root()}: cannot write the warm start cache "
+                           f"({io_reason(e) or e.strerror or e}); set GROUPWISE_CACHE to a writable directory"
+                           ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "config.json").exists():
             return final
