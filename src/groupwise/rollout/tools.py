@@ -19,9 +19,11 @@ tokens keep the inner generator's sampling log-probs, and the training forward s
 the model saw (nothing is re-tokenised). A request's forced prefix (e.g. a think-mode token) is applied in
 the first turn.
 
-The calls of one turn run concurrently in threads (``workers``), all bounded by ``timeout_s`` from the start
-of the turn's calls: a call that raises reads ``<result>error: <Type></result>``, one that times out
-``<result>timeout</result>``, and the episode goes on (a hung call's thread is abandoned, never joined).
+The calls of one turn run concurrently in daemon threads (``workers``), all bounded by ``timeout_s`` from the
+start of the turn's calls: a call that raises (or calls ``sys.exit``) reads ``<result>error: <Type></result>``,
+one that times out ``<result>timeout</result>``, and the episode goes on (a hung call's thread is abandoned:
+never joined, not even when the process exits). A result is cut to ``MAX_CHARS_PER_TOKEN x result_tokens``
+characters before it is tokenised, so a 10 MB result costs what a short one does.
 Per sample ``meta``: ``turns``, ``tool_calls``, ``tool_errors``, ``tool_timeouts``, ``tool_tokens`` (the loop
 reports their per-rollout means as ``rollout/turns``, ``rollout/tool_calls``, ... and ``rollout/tool_token_frac``;
 ``drivers/stats.py``).
@@ -29,9 +31,10 @@ reports their per-rollout means as ``rollout/turns``, ``rollout/tool_calls``, ..
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import math
+import queue
+import threading
 import time
 from collections.abc import Callable
 
@@ -41,6 +44,10 @@ from groupwise.config import ToolsConfig
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Generator, Request, SamplingParams, close, release
 from groupwise.types import Completion
+
+MAX_CHARS_PER_TOKEN = 32
+"""A tool result is cut to this many characters per ``result_tokens`` before tokenising (no tokenizer's token
+is longer, so the token cut after it is what it would have been)."""
 
 
 @dataclasses.dataclass
@@ -114,6 +121,7 @@ class ToolLoop:
         return text.rsplit(self.open_tag, 1)[1][:-len(self.close_tag)] if called and not e.reason else None
 
     def _append_result(self, e: _Episode, result: str) -> None:
+        result = result[:MAX_CHARS_PER_TOKEN * self.cfg.result_tokens]
         ids = self.tokenizer.encode(f"<result>{result}</result>", add_special_tokens=False)
         if len(ids) > self.cfg.result_tokens:  # cut the text, keep the closing tag
             ids = ids[:max(self.cfg.result_tokens - len(self.end_ids), 0)] + self.end_ids
@@ -128,20 +136,38 @@ class ToolLoop:
         """The turn's calls, concurrently, bounded by ``timeout_s`` from the start (see the module docstring)."""
         if not queries:
             return []
-        pool = cf.ThreadPoolExecutor(max_workers=min(self.cfg.workers, len(queries)))
-        futures = [pool.submit(self.tool, q) for q in queries]
+        jobs: queue.SimpleQueue = queue.SimpleQueue()
+        for job in enumerate(queries):
+            jobs.put(job)
+        results: dict[int, tuple[bool, object]] = {}
+        done = [threading.Event() for _ in queries]
+        over = threading.Event()  # the turn's deadline passed: queued calls are not started
+
+        def worker() -> None:
+            while not over.is_set():
+                try:
+                    i, q = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    results[i] = (True, self.tool(q))
+                except BaseException as err:  # noqa: BLE001  (a tool's failure, exit included, is counted)
+                    results[i] = (False, err)
+                done[i].set()
+
+        for _ in range(min(self.cfg.workers, len(queries))):  # daemon: a hung call never holds the exit
+            threading.Thread(target=worker, daemon=True, name="groupwise-tool").start()
         deadline = time.monotonic() + self.cfg.timeout_s
         out = []
-        for e, f in zip(eps, futures):
-            try:
-                out.append(str(f.result(timeout=max(deadline - time.monotonic(), 0.0))))
-            except cf.TimeoutError:
+        for i, e in enumerate(eps):
+            if not done[i].wait(max(deadline - time.monotonic(), 0.0)):
                 out.append("timeout")
                 e.meta["tool_timeouts"] += 1
-            except Exception as err:  # noqa: BLE001  (a tool's failure is counted, never fatal)
-                out.append(f"error: {type(err).__name__}")
-                e.meta["tool_errors"] += 1
-        pool.shutdown(wait=False, cancel_futures=True)
+                continue
+            ok, value = results[i]
+            out.append(str(value) if ok else f"error: {type(value).__name__}")
+            e.meta["tool_errors"] += not ok
+        over.set()
         return out
 
 
