@@ -115,7 +115,8 @@ def test_a_crashing_or_hanging_tool_is_counted_and_the_episode_goes_on():
         sys.exit(3)  # a user's tool that exits must not end the run
     tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=quits)
     (c,) = tl.generate([Request(PROMPT)], PARAMS, torch.Generator())
-    assert "<result>error: SystemExit</result>" in TOK.decode(c.completion_ids.tolist()) and c.meta["tool_errors"] == 1
+    assert "<result>error: SystemExit</result>" in TOK.decode(c.completion_ids.tolist())
+    assert c.meta["tool_errors"] == 1
 
     release = threading.Event()
     tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=lambda q: release.wait(30) and "late",
@@ -131,20 +132,22 @@ def test_a_crashing_or_hanging_tool_is_counted_and_the_episode_goes_on():
 def test_a_process_with_a_hung_tool_call_still_exits():
     import subprocess
 
-    code = ("import sys, time, torch; sys.path[:0] = sys.argv[1:]; from test_tools import loop, PROMPT, PARAMS; "
-            "from groupwise.rollout.base import Request; "
-            "tl, _ = loop(['<search>a</search>', '<answer>x</answer><eos>'], tool=lambda q: time.sleep(3600), "
-            "timeout_s=0.2); tl.generate([Request(PROMPT)], PARAMS, torch.Generator()); print('done')")
+    code = ("import sys, time, torch; sys.path[:0] = sys.argv[1:]; "
+            "from test_tools import loop, PROMPT, PARAMS; from groupwise.rollout.base import Request; "
+            "tl, _ = loop(['<search>a</search>', '<answer>x</answer><eos>'], "
+            "tool=lambda q: time.sleep(3600), timeout_s=0.2); "
+            "tl.generate([Request(PROMPT)], PARAMS, torch.Generator()); print('done')")
     here = Path(__file__).parent
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", code, str(here), str(here.parents[2] / "src")], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code, str(here), str(here.parents[2] / "src")],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
     assert time.monotonic() - t0 < 30  # not an hour: the abandoned call is not joined at exit
 
 
 def test_a_huge_tool_result_is_cut_before_it_is_tokenised():
-    tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=lambda q: "7" * 10_000_000, result_tokens=40)
+    tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=lambda q: "7" * 10_000_000,
+                 result_tokens=40)
     t0 = time.monotonic()
     (c,) = tl.generate([Request(PROMPT)], PARAMS, torch.Generator())
     assert time.monotonic() - t0 < 2 and c.meta["tool_tokens"] == 40
