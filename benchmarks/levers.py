@@ -37,7 +37,8 @@ import vs_trl  # noqa: E402
 LEVERS = {
     "skip_inert_rows": ("optim.skip_inert_rows=false", "optim.skip_inert_rows=true"),
     "share_prefill": ("rollout.generator.share_prefill=false", "rollout.generator.share_prefill=true"),
-    "common_prefix": ("rollout.generator.share_common_prefix=false", "rollout.generator.share_common_prefix=true"),
+    "common_prefix": ("rollout.generator.share_common_prefix=false",
+                      "rollout.generator.share_common_prefix=true"),
     "compaction": ("rollout.generator.compact_below=0", "rollout.generator.compact_below=0.75"),
     "micro_batches": ("optim.micro_batch_tokens=8192", "optim.micro_batch_tokens=1024"),
     "fused_decode": ("rollout.generator.decode=model", "rollout.generator.decode=fused"),
