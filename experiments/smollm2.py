@@ -99,6 +99,26 @@ def by_kind(dirs: list[Path], steps: int) -> str:
     return "".join(lines)
 
 
+def paired_gain(run: Path, before: int, after: int) -> tuple[float, float]:
+    """(mean, standard error) over the held-out problems of each problem's change in sampled accuracy."""
+    def per_problem(step: int) -> dict[str, float]:
+        rows: dict[str, list[bool]] = {}
+        for r in records(run, step):
+            if not r["greedy"]:
+                rows.setdefault(r["id"], []).append(r["correct"])
+        return {i: statistics.fmean(v) for i, v in rows.items()}
+
+    a, b = per_problem(before), per_problem(after)
+    d = [b[i] - a[i] for i in a]
+    return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+
+
+def mcnemar_p(up: int, down: int) -> float:
+    """Exact two-sided McNemar p-value of ``up`` vs ``down`` discordant pairs (a binomial test at 1/2)."""
+    n, k = up + down, min(up, down)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+
+
 def binomial_se(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 1e-12) / n)
 
@@ -121,19 +141,21 @@ def main() -> None:
              harness.table(rows, list(KEYS)), "\nHeld-out mean@4 at every evaluation:\n\n",
              harness.eval_curve(runs), "\nGreedy accuracy at every evaluation:\n\n",
              harness.eval_curve(runs, "eval/greedy_acc"), "\nNoise and paired changes, per seed:\n\n",
-             "| seed | mean@4 before -> after (binomial SE of each) | greedy before -> after | "
-             "greedy right only after / only before | s/step | gen s | update s | peak RSS MB |\n"
-             "|---|---|---|---|---|---|---|---|\n"]
+             "| seed | mean@4 before -> after (binomial SE of each) | paired change ± SE over problems | "
+             "greedy before -> after | greedy right only after / only before (McNemar p) | s/step | gen s | "
+             "update s | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|\n"]
     for d in dirs:
         s = harness.summary(d)
         b, a = s["before"], s["after"]
         up, down = paired_greedy(d, 0, steps)
+        gain, gain_se = paired_gain(d, 0, steps)
         m = [r for r in harness.metrics(d) if "perf/step_s" in r]
         rss = max(r["perf/peak_rss_mb"] for r in m)
         lines.append(
             f"| {d.name} | {b['eval/mean_at_k']:.3f} -> {a['eval/mean_at_k']:.3f} "
-            f"(±{binomial_se(b['eval/mean_at_k'], n * k):.3f}) | {b['eval/greedy_acc']:.3f} -> "
-            f"{a['eval/greedy_acc']:.3f} | {up} / {down} | "
+            f"(±{binomial_se(b['eval/mean_at_k'], n * k):.3f}) | {gain:+.3f} ± {gain_se:.3f} | "
+            f"{b['eval/greedy_acc']:.3f} -> "
+            f"{a['eval/greedy_acc']:.3f} | {up} / {down} ({mcnemar_p(up, down):.3f}) | "
             f"{statistics.fmean(r['perf/step_s'] for r in m):.1f} | "
             f"{statistics.fmean(r['perf/generate_s'] for r in m):.1f} | "
             f"{statistics.fmean(r['perf/update_s'] for r in m):.1f} | {rss:.0f} |\n")
