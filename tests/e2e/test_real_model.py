@@ -24,12 +24,13 @@ ALIAS = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> Path:
+    """The alias resolved in the cache the recipe smoke test uses too (tests/smoke), so CI converts once."""
     import os
 
     from groupwise.models import sources
 
     old = os.environ.get("GROUPWISE_CACHE")
-    os.environ["GROUPWISE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    os.environ["GROUPWISE_CACHE"] = str(tmp_path_factory.getbasetemp().parent / "groupwise-cache")
     try:
         yield sources.resolve(ALIAS)
     finally:
