@@ -9,6 +9,11 @@ reference to the same file reuses the module, so nothing registers twice).
 Installed packages register through the entry-point group ``groupwise.plugins`` (pyproject:
 ``[project.entry-points."groupwise.plugins"] my_pkg = "my_pkg.components"``); every entry point of the group
 is imported the first time the catalogue of components is used.
+
+A plug-in of a kind whose registry declares an output contract (group builders and transforms, advantages and
+their transforms, credit) is built ``guarded``: a raise or a ``sys.exit`` in its own code, or an output that
+breaks the contract, stops the run with one ``PluginError`` line naming the plug-in, its file and the
+contract, checked once where the core receives the output (the loop itself never checks).
 """
 
 from __future__ import annotations
@@ -20,13 +25,18 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import Any
 
 from groupwise.registry import ConfigError
 
 ENTRY_POINT_GROUP = "groupwise.plugins"
 _loaded_entry_points = False
+_CORE = Path(__file__).resolve().parent  # groupwise's own files: an error raised there is not the plug-in's
+
+
+class PluginError(ConfigError):
+    """Users' code under ``plugins:`` raised, exited or broke its kind's contract (one line; exit code 2)."""
 
 
 def is_file_ref(ref: str) -> bool:
@@ -103,3 +113,75 @@ def load_entry_points() -> None:
             dist = getattr(ep.dist, "name", "?") if ep.dist else "?"
             raise ConfigError(f"entry point '{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP}, package {dist}) "
                               f"failed to import: {type(e).__name__}: {e}") from e
+
+
+def guarded(entry: Any, cfg: Any, env: Any) -> Any:
+    """``entry`` (a plug-in) built, its failures and contract breaks turned into one ``PluginError`` line."""
+    if entry.form == "function":
+        def bound(*args: Any) -> Any:
+            return _checked(entry, _call(entry, "", entry.obj, *args, cfg=cfg), args)
+
+        return bound
+    return Guarded(entry, _call(entry, " while being built", entry.obj, cfg, env))
+
+
+class Guarded:
+    """A factory-built plug-in whose calls are guarded; every other attribute is the plug-in's own."""
+
+    def __init__(self, entry: Any, inner: Any):
+        self._entry, self._inner = entry, inner
+
+    def __call__(self, *args: Any) -> Any:
+        return _checked(self._entry, _call(self._entry, "", self._inner, *args), args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_entry", "_inner"):  # not set yet (copy / pickle): never recurse
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def _call(entry: Any, when: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except (Exception, SystemExit) as e:
+        if isinstance(e, ConfigError) or _raised_in_core(e.__traceback__):
+            raise  # groupwise's own error (one line, or a bug: its traceback), reached through the plug-in
+        if isinstance(e, SystemExit):
+            why = f"called sys.exit({e.code!r}){when}; a plug-in returns its result (or raises), never exits"
+        else:
+            first = (str(e).strip().splitlines() or [""])[0]
+            why = f"raised {type(e).__name__}{when}: {first}{_where(entry, e.__traceback__)}"
+        raise PluginError(f"{_name(entry)}: {why}") from e
+
+
+def _checked(entry: Any, out: Any, args: tuple) -> Any:
+    broken = entry.contract(out, *args)
+    if broken:
+        raise PluginError(f"{_name(entry)}: {broken}")
+    return out
+
+
+def _name(entry: Any) -> str:
+    module = sys.modules.get(entry.origin)
+    return f"{entry.kind} plug-in '{entry.name}' ({getattr(module, '__file__', None) or entry.origin})"
+
+
+def _frames(tb: TracebackType | None) -> list[tuple[str, int]]:
+    out = []
+    while tb is not None:
+        out.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    return out[1:]  # the first frame is the guard's own
+
+
+def _raised_in_core(tb: TracebackType | None) -> bool:
+    return any(Path(f).resolve().is_relative_to(_CORE) for f, _ in _frames(tb))
+
+
+def _where(entry: Any, tb: TracebackType | None) -> str:
+    """`` (line N)``: the innermost frame in the plug-in's file, else `` (at file:N)``: the innermost one."""
+    frames, own = _frames(tb), getattr(sys.modules.get(entry.origin), "__file__", None)
+    mine = [n for f, n in frames if own and f == own]
+    if mine:
+        return f" (line {mine[-1]})"
+    return f" (at {frames[-1][0]}:{frames[-1][1]})" if frames else ""

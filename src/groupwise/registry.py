@@ -66,13 +66,23 @@ class Entry(Generic[T]):
     across calls that is neither checkpointed nor sent to a worker (the ``fake`` generator's row counter), or
     needs the driver's objects. ``stateful`` and ``reports`` members are refused there too: a worker's state
     would be lost with it and its metrics never reach the step's."""
+    contract: Callable[..., str] | None = None
+    """The kind's output contract (``Registry.contract``); a plug-in of such a kind is built guarded."""
 
     @property
     def origin(self) -> str:
         """The module that registered it (``groupwise.*`` for built-ins, else a plugin)."""
         return getattr(self.obj, "__module__", "") or ""
 
+    @property
+    def builtin(self) -> bool:
+        return self.origin.startswith("groupwise.")
+
     def build(self, cfg: Any, env: Any = None) -> Any:
+        if self.contract is not None and not self.builtin:  # users' code: a failure or bad output: one line
+            from groupwise.plugins import guarded
+
+            return guarded(self, cfg, env)
         if self.form == "function":
             return functools.partial(self.obj, cfg=cfg)
         return self.obj(cfg, env)
@@ -107,12 +117,17 @@ class BuildEnv:
 
 class Registry(Generic[T]):
     """Members of one component kind. ``protocol`` is what a built member satisfies; ``params`` the names of
-    the member's parameters (checked at registration, so a wrong signature fails at import time)."""
+    the member's parameters (checked at registration, so a wrong signature fails at import time).
+    ``contract(output, *inputs) -> str`` says what is wrong with a call's output ("" when nothing): a plug-in
+    of a kind with a contract is built inside a guard (``plugins.guarded``) that checks every output once,
+    where the core receives it, and turns a raise, a ``sys.exit`` or a broken contract into one line naming
+    it."""
 
     def __init__(self, kind: str, protocol: type, form: Literal["factory", "function"], params: tuple[str, ...],
-                 optional: bool = False):
+                 optional: bool = False, contract: Callable[..., str] | None = None):
         self.kind, self.protocol, self.form, self.params = kind, protocol, form, params
         self.optional = optional  # a member may build to None (e.g. teacher 'none')
+        self.contract = contract
         self._entries: dict[str, Entry[T]] = {}
 
     @property
@@ -135,7 +150,7 @@ class Registry(Generic[T]):
             _check_params(self, name, obj)
             self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports,
                                         needs if callable(needs) else tuple(needs), advantage_only, label,
-                                        driver_only)
+                                        driver_only, self.contract)
             return obj
 
         return deco

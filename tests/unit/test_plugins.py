@@ -9,9 +9,11 @@ from groupwise import cli, plugins
 from groupwise.advantages import ADVANTAGES
 from groupwise.catalog import registry
 from groupwise.config import load
+from groupwise.credit import CREDIT
 from groupwise.registry import ConfigError
 from groupwise.rewards import REWARDS
-from groupwise.types import ScoredBatch
+from groupwise.rollout import BUILDERS
+from groupwise.types import Problem, ScoredBatch
 
 ROOT = Path(__file__).parents[2]
 
@@ -19,7 +21,7 @@ ROOT = Path(__file__).parents[2]
 @pytest.fixture()
 def clean(monkeypatch):
     """Registries as they were: plugins registered in a test do not leak into others."""
-    for reg in (ADVANTAGES, REWARDS):
+    for reg in (ADVANTAGES, REWARDS, BUILDERS, CREDIT):
         monkeypatch.setattr(reg, "_entries", dict(reg._entries))
     monkeypatch.setattr(plugins, "_loaded_entry_points", False)
     for name in [m for m in sys.modules if m.startswith("groupwise_plugin_") or m.startswith("gw_test_plugin")]:
@@ -88,3 +90,111 @@ def test_an_installed_entry_point_registers_on_first_use(clean, tmp_path, monkey
     assert "from_entry_point" not in REWARDS
     assert "from_entry_point" in registry("reward").names()  # the catalogue imports the group's entry points
     assert load(None, ["reward.terms=[from_entry_point]"]).reward.terms[0].name == "from_entry_point"
+
+
+BAD = textwrap.dedent('''
+    import dataclasses, sys
+    import torch
+    from groupwise.advantages import ADVANTAGES
+    from groupwise.credit import CREDIT
+    from groupwise.rollout import BUILDERS
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Mode:
+        mode: str = "shape"
+
+    @ADVANTAGES.register("bad_adv", config=Mode)
+    def bad_adv(batch, cfg):
+        if cfg.mode == "raise":
+            raise ValueError("boom\\nsecond line")
+        if cfg.mode == "exit":
+            sys.exit(3)
+        return batch.rewards[:, 0][:3]
+
+    @BUILDERS.register("bad_builder", config=Mode)
+    def bad_builder(cfg, env):
+        if cfg.mode == "build":
+            raise RuntimeError("cannot build")
+        def build(problems, ctx):
+            if cfg.mode == "exit":
+                sys.exit(4)
+            if cfg.mode == "tuple":
+                return tuple(problems)
+            if cfg.mode == "core":
+                from groupwise.types import ScoredBatch
+                return ScoredBatch.from_groups(problems)
+            return {}["missing"]
+        return build
+
+    @CREDIT.register("bad_credit", config=Mode)
+    def bad_credit(batch, cfg):
+        return dataclasses.replace(batch, advantages=batch.advantages[:, :1])
+''')
+
+
+def line_of(code: str) -> int:
+    return next(i for i, x in enumerate(BAD.splitlines(), 1) if code in x)
+
+
+def _bad_plugin(tmp_path):
+    path = tmp_path / "bad_components.py"
+    path.write_text(BAD)
+    plugins.import_ref(str(path))
+    return str(path.resolve())
+
+
+def test_a_plugin_that_raises_exits_or_breaks_its_contract_is_one_line_naming_it(clean, tmp_path):
+    path = _bad_plugin(tmp_path)
+    r = torch.zeros(4, 8, dtype=torch.float64)
+    batch = ScoredBatch([], r, r.bool(), r, torch.ones(4, 8, dtype=torch.bool))
+    adv = ADVANTAGES.get("bad_adv")
+    name = f"advantage plug-in 'bad_adv' ({path})"
+    cases = {"shape": f"{name}: returned shape (3,) (torch.float64) for 4 groups x 8 samples; the contract "
+                      "is a (groups, group_size) float tensor",
+             "raise": f"{name}: raised ValueError: boom (line {line_of('boom')})",
+             "exit": f"{name}: called sys.exit(3); a plug-in returns its result (or raises), never exits"}
+    for mode, line in cases.items():
+        with pytest.raises(plugins.PluginError) as e:
+            adv.build(adv.config(mode=mode))(batch)
+        assert str(e.value) == line and isinstance(e.value, ConfigError)  # ConfigError: one line, exit code 2
+    builder, problems = BUILDERS.get("bad_builder"), [Problem(id="p", prompt="q", answer="a")]
+    first = r"^group builder plug-in 'bad_builder' \(.*bad_components.py\): raised KeyError: 'missing'"
+    with pytest.raises(plugins.PluginError, match=rf"{first} \(line {line_of('missing')}\)$"):
+        builder.build(builder.config(), None)(problems, None)
+    with pytest.raises(plugins.PluginError, match=r"called sys.exit\(4\)"):
+        builder.build(builder.config(mode="exit"), None)(problems, None)
+    with pytest.raises(plugins.PluginError, match="returned a tuple of Problem; the contract is a list"):
+        builder.build(builder.config(mode="tuple"), None)(problems, None)
+    with pytest.raises(plugins.PluginError, match=rf"raised RuntimeError while being built: cannot build "
+                                                  rf"\(line {line_of('cannot build')}\)"):
+        builder.build(builder.config(mode="build"), None)
+
+
+def test_a_plugin_credits_shape_is_checked_and_core_errors_pass_through_unchanged(clean, tmp_path):
+    path = _bad_plugin(tmp_path)
+    from groupwise.types import TokenBatch
+
+    rows = torch.zeros(2, dtype=torch.long)
+    tokens = TokenBatch([], [], rows, rows.bool(), torch.zeros(2, 3, dtype=torch.long),
+                        torch.ones(2, 3, dtype=torch.bool), torch.zeros(2, 3), torch.ones(2, 3))
+    credit = CREDIT.get("bad_credit")
+    with pytest.raises(plugins.PluginError) as e:
+        credit.build(credit.config())(tokens)
+    assert str(e.value) == (f"credit plug-in 'bad_credit' ({path}): returned advantages (2, 1), loss_weights "
+                            "(2, 3) for 2 rows x 3 tokens; the contract is a TokenBatch whose advantages and "
+                            "loss_weights keep the (rows, tokens) shape")
+    builder = BUILDERS.get("bad_builder")  # groupwise's own failure, reached through the plug-in: not its own
+    with pytest.raises(AttributeError, match="NoneType"):
+        builder.build(builder.config(mode="core"), None)([None], None)
+
+
+def test_a_wrong_shaped_plugin_advantage_stops_train_in_one_line(clean, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    path = _bad_plugin(tmp_path)
+    code = cli.main(["train", str(ROOT / "recipes/fake_generator_lab.yaml"), "trainer.steps=1",
+                     f"plugins=[{path}]", "advantage=bad_adv", f"out_dir={tmp_path}", "eval.before=false",
+                     "eval.after=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"error: advantage plug-in 'bad_adv' ({path}): returned shape (3,) "
+                                 "(torch.float64) for 4 groups x 4 samples; the contract is a (groups, "
+                                 "group_size) float tensor"]

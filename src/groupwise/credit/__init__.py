@@ -20,6 +20,17 @@ class Credit(Protocol):
     def __call__(self, batch: TokenBatch) -> TokenBatch: ...
 
 
-CREDIT = Registry("credit", Credit, "function", ("batch", "cfg"))
+def contract(out: object, batch: TokenBatch, *_: object) -> str:
+    """What is wrong with a credit output ("" when nothing): its [B, T] tensors keep their shape."""
+    want = tuple(batch.completion_mask.shape)
+    if isinstance(out, TokenBatch) and tuple(out.advantages.shape) == want == tuple(out.loss_weights.shape):
+        return ""
+    got = (f"advantages {tuple(out.advantages.shape)}, loss_weights {tuple(out.loss_weights.shape)}"
+           if isinstance(out, TokenBatch) else f"a {type(out).__name__}")
+    return (f"returned {got} for {want[0]} rows x {want[1]} tokens; the contract is a TokenBatch whose "
+            "advantages and loss_weights keep the (rows, tokens) shape")
+
+
+CREDIT = Registry("credit", Credit, "function", ("batch", "cfg"), contract=contract)
 
 import_members(__name__, __path__)

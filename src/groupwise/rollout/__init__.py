@@ -6,13 +6,26 @@ Registry forms (protocols in ``rollout/base.py``):
               scores every group the builder returns
   TRANSFORMS  ``factory(cfg, env) -> GroupTransform``  ``(groups, ctx) -> list[Group]`` on scored groups; a
               transform that creates or edits samples scores them with ``ctx.score`` (the reward stage)
+A plug-in builder's or transform's output is checked against ``groups_contract``.
 """
 
 from groupwise.registry import Registry, import_members
 from groupwise.rollout.base import Generator, GroupBuilder, GroupTransform
+from groupwise.types import Group, Sample
+
+
+def groups_contract(out: object, *_: object) -> str:
+    """What is wrong with a builder's or transform's output ("" when nothing)."""
+    if isinstance(out, list) and all(isinstance(g, Group) and isinstance(g.samples, list)
+                                     and all(isinstance(s, Sample) for s in g.samples) for g in out):
+        return ""
+    inner = {type(x).__name__ for x in out} if isinstance(out, (list, tuple)) else set()
+    got = f"a {type(out).__name__}" + (f" of {', '.join(sorted(inner))}" if inner else "")
+    return f"returned {got}; the contract is a list of Groups, each holding a list of Samples"
+
 
 GENERATORS = Registry("generator", Generator, "factory", ("cfg", "env"))
-BUILDERS = Registry("group builder", GroupBuilder, "factory", ("cfg", "env"))
-TRANSFORMS = Registry("group transform", GroupTransform, "factory", ("cfg", "env"))
+BUILDERS = Registry("group builder", GroupBuilder, "factory", ("cfg", "env"), contract=groups_contract)
+TRANSFORMS = Registry("group transform", GroupTransform, "factory", ("cfg", "env"), contract=groups_contract)
 
 import_members(__name__, __path__)
