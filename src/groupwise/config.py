@@ -201,6 +201,11 @@ class RewardConfig:
     verifier_isolation: Literal["alarm", "process"] = "alarm"
     """``alarm``: verify in this process under SIGALRM (cannot interrupt C code); ``process``: in a forked
     worker that is killed and replaced when it overruns (rewards/verifier.py)."""
+    fail_fast: bool = True
+    """Stop the run after a step in which a reward term failed on every sample (it raised, timed out or
+    returned no usable number each time: e.g. a conversational reward function on plain-text prompts), in one
+    line naming it with its first error; false: keep going, the term adding nothing to those samples (its
+    failures counted in ``reward/<term>_errors`` as always)."""
 
     def __post_init__(self) -> None:
         _rules(self, ("verifier_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"),

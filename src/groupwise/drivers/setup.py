@@ -304,11 +304,13 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
         fsdp.shard(policy)  # in place: every component built above holds the sharded policy
     learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, ref, counted)
     resume_step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else None
+    rc = cfg.reward
+    reward = RewardStage(task, terms, rc.verifier_timeout_s, rc.term_timeout_s, rc.verifier_isolation,
+                         rc.fail_fast)
     pipe = Pipeline(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
         generator=CountingGenerator(_generator(cfg, env)), builder=builder,
-        transforms=transforms, reward=RewardStage(task, terms, cfg.reward.verifier_timeout_s,
-                                                      cfg.reward.term_timeout_s, cfg.reward.verifier_isolation), filter=filter_,
+        transforms=transforms, reward=reward, filter=filter_,
         advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
         replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
         parts=parts, recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer,

@@ -48,6 +48,7 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     n = cfg.rollout.prompts_per_step
     with p.full_weights():  # FSDP: the rollout stage runs on the whole weights (a no-op otherwise)
         groups, metrics = p.filter(make(n), n, make)
+        p.reward.check_terms(step)  # a term that failed on every sample stops the run here (reward.fail_fast)
         t_rollout = time.perf_counter() - t0
         batch = ScoredBatch.from_groups(groups, step)
         adv = p.advantage(batch) if groups else torch.zeros(0, 0)

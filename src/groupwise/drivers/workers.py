@@ -296,7 +296,7 @@ class RayWorkers:
         gen = self.p.generator
         gen.tokens, gen.prompt_tokens, gen.seconds = (gen.tokens + r.tokens, gen.prompt_tokens + r.prompt_tokens,
                                                       gen.seconds + r.seconds)
-        self.p.reward.add_errors(step, r.errors)
+        self.p.reward.add_errors(step, r.errors, sum(len(g.samples) for g in r.groups))
         return r.groups
 
     def sync_weights(self, policy: torch.nn.Module) -> None:

@@ -14,7 +14,9 @@ weighted reward terms into ``Sample.reward``.
             call are None, the step's count is ``reward/<label>_errors``, and the first failure of each term
             is printed once with the term's
             name, the sample and the exception's first line. A term that scores most samples but fails on
-            some raises ``SampleErrors`` with its partial values (the ``python`` term does).
+            some raises ``SampleErrors`` with its partial values (the ``python`` term does). A term that
+            failed on every sample it scored in a step stops the run after that step's rollout stage
+            (``check_terms``: one line naming it, with its first error), unless ``reward.fail_fast`` is false.
 The timeout uses SIGALRM and is enforced only in the main thread (elsewhere verifiers run unbounded).
 """
 
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from groupwise.registry import Entry
+from groupwise.registry import ConfigError, Entry
 from groupwise.rewards.verifier import VerifierTimeout, call_with_timeout, make_verifier  # noqa: F401
 from groupwise.types import Group, Sample
 
@@ -39,6 +41,10 @@ class SampleErrors(Exception):
     def __init__(self, values: list[list[float | None]], errors: dict[tuple[int, int], BaseException]):
         super().__init__(f"{len(errors)} sample(s) failed")
         self.values, self.errors = values, errors
+
+
+class TermFailedEverywhere(ConfigError):
+    """A reward term failed on every sample of a step (``reward.fail_fast``): a broken term, not bad data."""
 
 
 def first_line(exc: BaseException) -> str:
@@ -70,7 +76,7 @@ def bind_terms(specs: Any, env: Any) -> list[BoundTerm]:
 
 class RewardStage:
     def __init__(self, task, terms: list[BoundTerm], timeout_s: float, term_timeout_s: float = 300.0,
-                 isolation: str = "alarm"):
+                 isolation: str = "alarm", fail_fast: bool = True):
         labels = [t.label for t in terms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"reward.terms: two terms share a metric name ({', '.join(labels)}); each needs its own")
@@ -78,6 +84,9 @@ class RewardStage:
         self.verifier = make_verifier(task, timeout_s, isolation)  # rewards/verifier.py
         self._step: int | None = None
         self._errors: dict[str, float] = {}
+        self._scored: dict[str, float] = {}  # this step's samples each term was called on, by label
+        self._first: dict[str, tuple[Group, Sample, BaseException]] = {}  # this step's first failures
+        self.fail_fast = fail_fast
         self._seconds = 0.0  # this step's time in verifiers and terms (perf/reward_s)
         self._reported: set[str] = set()
 
@@ -99,7 +108,7 @@ class RewardStage:
 
     def __call__(self, groups: list[Group], step: int) -> None:
         if step != self._step:
-            self._step, self._errors, self._seconds = step, {}, 0.0
+            self._new_step(step)
         t0 = time.perf_counter()
         self._score(groups, step)
         self._seconds += time.perf_counter() - t0
@@ -122,8 +131,28 @@ class RewardStage:
             for s, r in zip(g.samples, tot):
                 s.reward, s.scored = r, True
 
+    def _new_step(self, step: int) -> None:
+        self._step, self._errors, self._scored, self._first, self._seconds = step, {}, {}, {}, 0.0
+
+    def check_terms(self, step: int) -> None:
+        """After step ``step``'s rollout stage: with ``fail_fast``, a term that failed on every sample it was
+        called on this step (it raised, timed out or returned no usable number each time) stops the run in one
+        line naming it, with its first error (a conversational reward function on plain-text prompts)."""
+        if not self.fail_fast or step != self._step:
+            return
+        for t in self.terms:
+            n, first = self._scored.get(t.label, 0.0), self._first.get(t.label)
+            if n and self._errors.get(t.label, 0.0) >= n:
+                what = (f"first: {first_line(first[2])} (problem {first[0].problem.id!r}, completion "
+                        f"{first[1].text[:60]!r})" if first else "its first error is printed above by a "
+                        "rollout worker")
+                raise TermFailedEverywhere(f"reward {t.label!r} failed on all {n:.0f} samples of step "
+                                           f"{step + 1}; {what}; reward.fail_fast=false keeps the run going, "
+                                           "the term adding nothing")
+
     def _values(self, t: BoundTerm, groups: list[Group], step: int) -> list[list[float | None]]:
         """The term's values as floats / None; failures are counted and logged, never raised."""
+        self._scored[t.label] = self._scored.get(t.label, 0.0) + sum(len(g.samples) for g in groups)
         try:
             raw, failed = call_with_timeout(lambda: t.term(groups, step), self.term_timeout_s), {}
         except SampleErrors as e:
@@ -147,6 +176,7 @@ class RewardStage:
     def _count(self, t: BoundTerm, group: Group, sample: Sample, exc: BaseException) -> None:
         """One failure of ``t`` on ``sample``: counted in ``reward/<label>_errors``, the first printed."""
         self._errors[t.label] = self._errors.get(t.label, 0.0) + 1
+        self._first.setdefault(t.label, (group, sample, exc))
         self._report(t.label, group, sample, exc, f"reward/{t.label}_errors")
 
     def _report(self, name: str, group: Group, sample: Sample, exc: BaseException, metric: str) -> None:
@@ -167,15 +197,18 @@ class RewardStage:
 
     def take_errors(self) -> dict[str, float]:
         """This step's failure counts so far, by term label, cleared (a rollout worker sends them per shard)."""
-        out, self._errors = self._errors, {}
+        out, self._errors, self._scored, self._first = self._errors, {}, {}, {}
         return out
 
-    def add_errors(self, step: int, errors: dict[str, float]) -> None:
-        """Add failure counts a rollout worker's reward stage took (``drivers/workers.py``) to this step's."""
+    def add_errors(self, step: int, errors: dict[str, float], samples: int = 0) -> None:
+        """Add failure counts a rollout worker's reward stage took (``drivers/workers.py``) to this step's;
+        ``samples``: how many samples the worker scored (every term was called on each)."""
         if step != self._step:
-            self._step, self._errors = step, {}
+            self._new_step(step)
         for label, n in errors.items():
             self._errors[label] = self._errors.get(label, 0.0) + n
+        for t in self.terms:
+            self._scored[t.label] = self._scored.get(t.label, 0.0) + samples
 
 
 def verdict(v: Any) -> bool:

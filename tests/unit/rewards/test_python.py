@@ -135,3 +135,28 @@ def test_a_callable_in_a_config_dict_and_its_resolved_form():
     assert cfg.reward.terms[0].cfg.function is recorder and cfg.reward.terms[0].cfg.name() == "recorder"
     dumped = to_dict(cfg)["reward"]["terms"][0]
     assert dumped["function"] == f"{__name__}:recorder"
+
+
+def chat_len(completions, **kwargs):
+    """Written for chat prompts: on plain-text prompts it is a string: ``c[0]["content"]`` raises."""
+    return [len(c[0]["content"]) / 100 for c in completions]
+
+
+@pytest.mark.parametrize("fail_fast", [True, False])
+def test_a_reward_function_failing_on_every_sample_stops_train(tmp_path, monkeypatch, capsys, fail_fast):
+    from groupwise import cli
+
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    code = cli.main(["train", str(ROOT / "recipes/fake_generator_lab.yaml"), "trainer.steps=2",
+                     f"out_dir={tmp_path}",
+                     f"reward.terms=[correctness, {{name: python, function: {__file__}:chat_len}}]",
+                     f"reward.fail_fast={str(fail_fast).lower()}", "eval.before=false", "eval.after=false"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    metrics = tmp_path / "fake_generator_lab" / "metrics.jsonl"
+    if fail_fast:
+        assert code == 2 and len(err) == 1
+        assert not metrics.exists() or "perf/step_s" not in metrics.read_text()  # stopped before the update
+        assert err[0].startswith("error: reward 'chat_len' failed on all 16 samples of step 1; first: "
+                                 "TypeError: string indices must be integers")
+    else:
+        assert code == 0 and err == [] and metrics.read_text().count("perf/step_s") == 2

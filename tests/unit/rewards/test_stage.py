@@ -7,6 +7,7 @@ import pytest
 import torch
 from support import reward_stage
 
+from groupwise.registry import ConfigError
 from groupwise.rewards.stage import BoundTerm, RewardStage, SampleErrors, VerifierTimeout, call_with_timeout
 from groupwise.types import Group, Problem, Sample
 
@@ -190,3 +191,34 @@ def test_nested_timeouts_keep_the_outer_one():
     with pytest.raises(VerifierTimeout):
         call_with_timeout(lambda: call_with_timeout(lambda: time.sleep(5), 10.0), 0.4)
     assert time.time() - t0 < 1.5
+
+
+def test_a_term_that_fails_on_every_sample_of_a_step_stops_the_run_in_one_line():
+    """A conversational reward function on plain-text prompts: ``c[0]["content"]`` raises on every sample."""
+    def chat_len(groups, step):
+        return [[len(s.text[0]["content"]) for s in g.samples] for g in groups]
+
+    def half(groups, step):  # fails on the calls that include "b" only: not a broken term
+        return [[1.0 if s.text != "b" else {}["x"] for s in g.samples] for g in groups]
+
+    groups = [Group(Problem("p", "q", "7"), [sample("a"), sample("b")]),
+              Group(Problem("r", "q", "7"), [sample("c")])]
+    terms = [BoundTerm("chat_len", 1.0, chat_len), BoundTerm("half", 1.0, half)]
+    stage = RewardStage(CrashyTask(), terms, 1.0)
+    stage(groups[:1], step=3)
+    stage(groups[1:], step=3)  # a refill: every call of the step counts
+    with pytest.raises(ConfigError) as e:
+        stage.check_terms(3)
+    assert str(e.value) == ("reward 'chat_len' failed on all 3 samples of step 4; first: TypeError: string "
+                            "indices must be integers, not 'str' (problem 'p', completion 'a'); "
+                            "reward.fail_fast=false keeps the run going, the term adding nothing")
+    stage.fail_fast = False
+    stage.check_terms(3)  # reward.fail_fast=false: the run goes on, the failures counted
+    assert stage.metrics() == {"reward/chat_len_errors": 3.0, "reward/half_errors": 2.0}
+    ok = RewardStage(CrashyTask(), [BoundTerm("half", 1.0, half)], 1.0)
+    ok(groups[:1], step=0)
+    ok(groups[1:], step=0)  # 2 failures in 3 samples: the term works on some
+    ok.check_terms(0)
+    ok.add_errors(1, {"half": 4.0}, samples=4)  # a rollout worker's counts: its 4 samples all failed
+    with pytest.raises(ConfigError, match="'half' failed on all 4 samples of step 2; its first error is"):
+        ok.check_terms(1)
