@@ -16,13 +16,17 @@ Credit (no grad), with A the row's GRPO advantage:
   sign-preserving: Ã_t = max(Ã_t, 0) if A > 0, min(Ã_t, 0) if A < 0, 0 if A = 0
   two-path loss L = mean_{t∉sel} PPO_t(A) + η · mean_{t∈sel} PPO_t(Ã_t): written as loss weights under the
   ``token_mean`` reduction, N/N_off on unselected and η·N/N_sel on selected loss tokens of the step (N = all)
+  Rows without a contrast (no e_t: a uniform group, a lone correct rollout, no wrong sibling with an answer)
+  are dropped from the update, weight 0 and in neither mean (``drop_uncontrasted``, the official code); with
+  ``drop_uncontrasted: false`` they stay in the off-path mean as plain GRPO rows.
 One-sided ablation (``negatives: none``, the spec's RLSD arm): e_t = log π_T(y_t | x, h_c) − log π_T(y_t | x), the
 same hint against the plain prompt, for every target with a positive (the same credit stage, so the only change
 is what the hint is contrasted with).
 Defaults are the official configs: τ = 0.02, β = 1, λ = 0.5, δ = 0.02, η = 1, clip ±2, k_max = 4.
 Deviations: the two means are step-global (micro-batch invariant); the official code normalises within each
-micro-batch. The snapshot teacher is re-synced every step (the code: every 10). β = 0 is plain GRPO bit for
-bit. Metrics: ``rollout/rlcsd_targets`` (share of rollouts with a contrastive signal), ``rollout/rlcsd_sel_frac``.
+micro-batch. The snapshot teacher is re-synced every step (the code: every 10). β = 0 with
+``drop_uncontrasted: false`` is plain GRPO bit for bit. Metrics: ``rollout/rlcsd_targets`` (share of
+rollouts with a contrastive signal), ``rollout/rlcsd_sel_frac``.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ class RLCSDConfig:
     eta: float = 1.0
     clip_low: float = -2.0
     clip_high: float = 2.0
+    drop_uncontrasted: bool = True
+    """Rows without a contrast get loss weight 0 and count in neither mean (the official code); false: they
+    are kept as plain GRPO rows in the unselected path (this library before; the RLCSD experiment's runs)."""
 
     def __post_init__(self) -> None:
         if not self.tau > 0 or self.beta < 0 or self.lam < 0 or self.delta < 0 or self.eta < 0:
@@ -153,16 +160,18 @@ def modulate(a: torch.Tensor, e: torch.Tensor, cfg: RLCSDConfig) -> tuple[torch.
 @CREDIT.register("rlcsd", config=RLCSDConfig)
 def rlcsd(batch: TokenBatch, cfg: RLCSDConfig) -> TokenBatch:
     adv, m = batch.advantages.clone(), batch.completion_mask
-    sel = torch.zeros_like(m)
+    sel, kept = torch.zeros_like(m), torch.ones(m.shape[0], 1, dtype=torch.bool)
     for b, s in enumerate(batch.samples):
         e = s.meta.get("rlcsd_e")
         if e is None:
+            kept[b] = not cfg.drop_uncontrasted
             continue
         t = min(len(e), adv.shape[1])
         adv[b, :t], sel[b, :t] = modulate(adv[b, :t], e[:t].to(adv.dtype), cfg)
     sel &= m
-    n, n_sel = float(m.sum()), float(sel.sum())
-    if n_sel == 0:  # nothing selected: the clamp leaves every A as it was (β = 0 is plain GRPO bit for bit)
+    n, n_sel, n_off = float(m.sum()), float(sel.sum()), float((m & kept & ~sel).sum())
+    if n_sel == 0 and bool(kept.all()):  # nothing selected, nothing dropped: every A as it was (β = 0: GRPO)
         return batch
-    w = torch.where(sel, cfg.eta * n / n_sel, n / max(n - n_sel, 1.0)).to(batch.loss_weights.dtype)
+    w = torch.where(sel, cfg.eta * n / max(n_sel, 1.0), n / max(n_off, 1.0)) * kept
+    w = w.to(batch.loss_weights.dtype)
     return dataclasses.replace(batch, advantages=adv * m, loss_weights=batch.loss_weights * w * m)

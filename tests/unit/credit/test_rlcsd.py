@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 import math
 
@@ -57,9 +58,34 @@ def test_two_path_weights_give_two_independent_token_means():
 
 def test_beta_zero_is_plain_grpo_and_rows_without_contrast_keep_their_advantage():
     b = rows([sample(4, [1.0, -1.0, 0.5, 0.0]), sample(3)], [torch.full((4,), 0.7), torch.full((3,), -0.7)])
-    assert rlcsd(b, RLCSDConfig(beta=0.0)) is b
-    out = rlcsd(b, CFG)
+    keep = RLCSDConfig(drop_uncontrasted=False)
+    assert rlcsd(b, dataclasses.replace(keep, beta=0.0)) is b
+    out = rlcsd(b, keep)
     assert torch.equal(out.advantages[1], b.advantages[1])
+
+
+def test_rows_without_contrast_are_dropped_from_the_update_by_default():
+    # N = 9 loss tokens: row 0 contrasted (A = 0.5, e selects token 0 only: r = 0.5·tanh(50)); row 1 a lone
+    # correct rollout (A = 1.2, no positive hint: no e); row 2 a uniform group's (A = 0, no e)
+    b = rows([sample(4, [1.0, 0.0, 0.0, 0.0]), sample(3), sample(2)],
+             [torch.full((4,), 0.5), torch.full((3,), 1.2), torch.zeros(2)])
+    dropped = rlcsd(b, CFG)
+    # the official code: rows 1 and 2 leave the update; row 0's means: w_sel = η·N/N_sel = 9/1,
+    # w_off = N/N_off = 9/3
+    assert dropped.loss_weights.tolist() == [[9.0, 3.0, 3.0, 3.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    want = [0.5 + 0.5 * math.tanh(50), 0.5, 0.5, 0.5]
+    assert dropped.advantages[0].tolist() == pytest.approx(want, abs=1e-6)
+    # drop_uncontrasted: false (this library before): they stay as plain GRPO rows, w_off = N/N_off = 9/8
+    kept = rlcsd(b, RLCSDConfig(drop_uncontrasted=False))
+    off = 9 / 8
+    assert kept.loss_weights.tolist() == [[9.0, off, off, off], [off, off, off, 0.0], [off, off, 0.0, 0.0]]
+    assert torch.equal(kept.advantages[1], b.advantages[1])
+    assert torch.equal(dropped.advantages, kept.advantages)
+    # token_mean over the N tokens: mean over the selected + mean over the other tokens of the rows kept
+    loss = torch.arange(12, dtype=torch.float32).view(3, 4)
+    assert float((dropped.loss_weights * loss).sum() / 9) == pytest.approx(0.0 + (1 + 2 + 3) / 3)
+    # nothing selected (β = 0), the uncontrasted rows still leave: row 0 alone, weight N/4
+    assert rlcsd(b, RLCSDConfig(beta=0.0)).loss_weights[:, 0].tolist() == [9 / 4, 0.0, 0.0]
 
 
 def context(tokenizer, task, texts, model):
