@@ -176,6 +176,10 @@ class Logger:
             self._mlflow.end_run()
 
 
+WARM_START = "building the warm start (SFT)"
+"""The warm start's progress line: shown only while it is built (a cached or packaged one shows nothing)."""
+
+
 class Progress:
     """A rich progress bar with live reward, accuracy, completion length and generated tokens/s.
 
@@ -183,10 +187,11 @@ class Progress:
     With ``enabled=False`` it prints only notes.
     """
 
-    def __init__(self, total: int, start: int, enabled: bool, title: str = "train"):
+    def __init__(self, total: int, start: int, enabled: bool, title: str = "train", console=None):
         import sys
 
-        self.total, self.plain = total, enabled and not sys.stdout.isatty()
+        tty = console.is_terminal if console is not None else sys.stdout.isatty()  # console: rich's (tests)
+        self.total, self.plain = total, enabled and not tty
         self.enabled = enabled and not self.plain
         if not self.enabled:
             return
@@ -198,10 +203,18 @@ class Progress:
             TimeRemainingColumn,
         )
         from rich.progress import Progress as RichProgress
+        from rich.table import Column
 
-        self._p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                               TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                               transient=False)
+        def whole(width: int) -> Column:  # a narrow terminal shrinks the bar and cuts the info, never these
+            return Column(no_wrap=True, min_width=width)
+
+        self._p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
+                               MofNCompleteColumn(table_column=whole(2 * len(str(total)) + 1)),
+                               TimeElapsedColumn(table_column=whole(7)),
+                               TimeRemainingColumn(table_column=whole(7)),
+                               TextColumn("{task.fields[info]}",
+                                          table_column=Column(no_wrap=True, overflow="ellipsis")),
+                               transient=False, console=console)
         self._task = self._p.add_task(title, total=total, completed=start, info="")
         self._p.start()
 

@@ -15,8 +15,9 @@ DEFAULT_EVAL = ("eval/mean_at_k", "eval/greedy_acc", "eval/len_mean")
 DEFAULT_TRAIN = ("reward/mean", "reward/correct_frac", "rollout/completion_len_mean")
 
 
-def run_summary(run: str | Path, tail: int = 10, extra: tuple[str, ...] = ()) -> dict[str, float | str]:
-    rows = read_metrics(run)
+def run_summary(run: str | Path, tail: int = 10, extra: tuple[str, ...] = (),
+                rows: list[dict] | None = None) -> dict[str, float | str]:
+    rows = read_metrics(run) if rows is None else rows
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     train = [r for r in rows if "perf/step_s" in r]
     out: dict[str, float | str] = {"run": Path(run).name}
@@ -41,12 +42,16 @@ def run_summary(run: str | Path, tail: int = 10, extra: tuple[str, ...] = ()) ->
 def compare(runs: list[str], tail: int = 10, extra: tuple[str, ...] = ()):
     from rich.table import Table
 
-    summaries = [run_summary(r, tail, extra) for r in runs]
+    logs = [read_metrics(r) for r in runs]
+    summaries = [run_summary(r, tail, extra, rows) for r, rows in zip(runs, logs)]
     cols: list[str] = []
     for s in summaries:
         cols += [k for k in s if k not in cols]
     # metrics as rows, runs as columns: a few runs fit a terminal however many metrics there are
-    table = Table(title=f"groupwise compare (training metrics: mean of the last {tail} steps)")
+    # the steps each mean covers: a run shorter than ``tail`` averages all of its steps
+    counts = sorted({min(tail, sum("perf/step_s" in r for r in rows)) for rows in logs})
+    table = Table(title=f"groupwise compare (training metrics: mean of the last "
+                        f"{' / '.join(map(str, counts))} step{'s' * (counts != [1])})")
     table.add_column("metric", justify="left")
     for s in summaries:
         table.add_column(str(s["run"]), justify="right")

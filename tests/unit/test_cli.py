@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,60 @@ def test_an_out_path_that_cannot_be_written_is_one_line(tmp_path, capsys):
         assert main([*cmd, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"error: --out {out}: cannot write") and "\n" not in err
+
+
+def test_compare_names_the_steps_it_averages_and_demo_help_the_readmes_time(tmp_path, capsys):
+    import pytest
+
+    from groupwise.cli import parse
+    from groupwise.report import compare
+
+    for name, steps in (("a", 5), ("b", 5), ("c", 3)):
+        (tmp_path / name).mkdir()
+        rows = [{"step": s, "perf/step_s": 1.0, "reward/mean": 0.5} for s in range(1, steps + 1)]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b, c = (str(tmp_path / x) for x in "abc")
+    assert compare([a, b], 10)[0].title.endswith("mean of the last 5 steps)")
+    assert compare([a, c], 4)[0].title.endswith("the last 3 / 4 steps)")
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    took = re.search(r"The whole `groupwise demo`.*? took (\d+) min", readme, re.S).group(1)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        parse(["demo", "--help"])
+    assert f"about {took} min on 2 cores" in " ".join(capsys.readouterr().out.split())
+
+
+def test_train_ends_with_a_summary_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    recipe = Path(__file__).parents[2] / "recipes" / "fake_generator_lab.yaml"
+    assert main(["train", str(recipe), "trainer.steps=2", f"out_dir={tmp_path}", "eval.before=false"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    run = tmp_path / "fake_generator_lab"
+    assert re.fullmatch(rf"done: 2 steps in \d+ s; held-out mean@4 0\.\d{{3}}; run dir {run}", last), last
+
+
+def test_the_progress_bar_keeps_its_times_whole_at_80_columns():
+    import io
+
+    from rich.console import Console
+
+    from groupwise.log import Progress
+
+    buf = io.StringIO()
+    p = Progress(80, 12, True, console=Console(file=buf, width=80, force_terminal=True, color_system=None))
+    p.update(13, {"reward/mean": 0.5, "reward/correct_frac": 0.5, "rollout/completion_len_mean": 11.0,
+                  "perf/gen_tokens_per_s": 86237.0})
+    p.close()
+    text = buf.getvalue().replace("\r", "\n")
+    lines = [re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", x) for x in text.splitlines()]
+    line = [x for x in lines if "13/80" in x][-1]  # before: "13/80 0:00:… -:--:… reward ..."
+    assert re.search(r"13/80 \d:\d\d:\d\d (-:--:--|\d:\d\d:\d\d) reward", line), line
+
+
+def test_the_warm_start_progress_says_building_not_cached(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))  # empty: the warm start is built
+    recipe = Path(__file__).parents[2] / "recipes" / "fake_generator_lab.yaml"
+    assert main(["train", str(recipe), "trainer.steps=1", f"out_dir={tmp_path}", "model.warm_start=true",
+                 "model.warm_start_steps=2", "eval.before=false", "eval.after=false"]) == 0
+    out = capsys.readouterr().out
+    assert "building the warm start (SFT): 2/2 loss" in out and "cached)" not in out

@@ -63,6 +63,7 @@ from groupwise.drivers.session import Session
 from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.trainer import rl_step
 from groupwise.eval import evaluate_run
+from groupwise.log import WARM_START
 
 Weights = dict[str, Tensor]
 
@@ -401,7 +402,7 @@ def start(run: RunConfig, resume: bool, overwrite: bool, cfg: FGRPOConfig) -> tu
     the clients' saved states (None on a fresh run) and the path every client's model starts from."""
     session = Session(run, resume, overwrite)
     base = dataclasses.replace(run, driver=dataclasses.replace(run.driver, name="single", cfg=None))
-    server = build(base, session.checkpoint, progress=session.progress.callback("warm start (SFT, cached)"))
+    server = build(base, session.checkpoint, progress=session.progress.callback(WARM_START))
     session.restore(server)
     state = ServerState(trainable(server.policy), [None] * len(cfg.clients))
     clients = None

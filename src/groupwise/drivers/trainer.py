@@ -23,6 +23,7 @@ from groupwise.drivers.session import Session, latest_model_dir  # noqa: F401  (
 from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.stats import advantage_metrics, group_metrics
 from groupwise.eval import evaluate_run
+from groupwise.log import WARM_START
 from groupwise.types import Group, ScoredBatch, TokenBatch
 
 
@@ -125,7 +126,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
     if not main:
         distributed.barrier()
     session = Session(cfg, resume, overwrite, main=main)
-    p = build(cfg, session.checkpoint, progress=session.progress.callback("warm start (SFT, cached)"), io=main)
+    p = build(cfg, session.checkpoint, progress=session.progress.callback(WARM_START), io=main)
     if main:
         distributed.barrier()
     step = session.restore(p)
