@@ -68,3 +68,21 @@ def test_resume_with_other_settings_is_refused_but_a_longer_run_is_not(tmp_path,
         train(load(RECIPE, [*base, "trainer.steps=1", "seed=5", "optim.lr=2e-4"]), resume=True)
     out = train(load(RECIPE, [*base, "trainer.steps=2", "eval.n_problems=4"]), resume=True)  # longer: allowed
     assert "last" in out
+
+
+def test_a_resumed_runs_summary_keeps_its_step_0_eval(tmp_path, monkeypatch):
+    """The summary of a resumed run lost ``before`` (the step-0 eval ran in the first process only)."""
+    from groupwise.config import load
+    from groupwise.drivers.trainer import train
+
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    base = [a for a in ARGS if not a.startswith(("trainer.steps", "model.warm_start_steps", "eval."))]
+    base += [f"out_dir={tmp_path}", "model.warm_start_steps=5", "eval.n_problems=4", "eval.after=false"]
+    first = train(load(RECIPE, [*base, "trainer.steps=1"]))
+    assert first["before"]["eval/mean_at_k"] >= 0.0
+    longer = train(load(RECIPE, [*base, "trainer.steps=2"]), resume=True)
+    assert longer["before"] == first["before"]
+    nothing_left = train(load(RECIPE, [*base, "trainer.steps=2"]), resume=True)
+    assert nothing_left["before"] == first["before"] and nothing_left["last"] == longer["last"]
+    summary = json.loads((tmp_path / "grpo_lab" / "summary.json").read_text())
+    assert summary["before"] == first["before"]

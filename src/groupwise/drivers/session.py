@@ -35,7 +35,7 @@ import yaml
 from groupwise import checkpoint as ckpt
 from groupwise.config import RunConfig, diff, to_dict
 from groupwise.drivers.distributed import agree, check_in_sync
-from groupwise.log import Logger, Progress, StorageError, io_reason, to_stderr, write_atomic
+from groupwise.log import Logger, Progress, StorageError, io_reason, read_metrics, to_stderr, write_atomic
 from groupwise.registry import ConfigError
 
 CONFIG = "resolved_config.yaml"
@@ -131,6 +131,15 @@ class Session:
                                  start if self.checkpoint else None, note=self.progress.note)
         self.progress.update(start, {})
         return start
+
+    def logged(self, step: int) -> dict[str, dict[str, float]]:
+        """What the log of a resumed run already holds for its summary: the step-0 eval (``before``) and the
+        metrics of ``step``, the checkpoint's (``last``); empty entries are left out. Rank 0 only."""
+        rows = read_metrics(self.run_dir, self.progress.note) if self.main else []
+        before = {k: v for r in rows if r["step"] == 0 for k, v in r.items() if k.startswith("eval/")}
+        last = {k: v for r in rows if r["step"] == step for k, v in r.items()
+                if k not in ("step", "time") and not k.startswith("eval/")}
+        return {k: v for k, v in (("before", before), ("last", last)) if v}
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
         """Log one finished step (with the run's running totals)."""

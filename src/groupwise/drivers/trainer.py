@@ -130,7 +130,8 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
     if main:
         distributed.barrier()
     step = session.restore(p)
-    result: dict[str, dict[str, float]] = {}
+    # a resumed run's summary keeps its step-0 eval and last step from the log
+    result: dict[str, dict[str, float]] = session.logged(step) if step > 0 else {}
     if step == 0 and cfg.eval.before:
         result["before"] = run_eval(p, 0, session, "step_0")
     with session.signals():
