@@ -213,11 +213,32 @@ class RewardConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ImportanceSamplingConfig:
+    """Sampler-trainer mismatch correction (TRL's ``vllm_importance_sampling_mode`` / ``_clip_max``): every
+    loss term's per-token loss is multiplied by w = exp(old_logprobs − rollout_logprobs), per token or
+    (sequence modes) the product over the row's loss tokens, truncated at ``cap`` or zeroed above it
+    (``losses/mismatch.py``)."""
+
+    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
+    """none: no weight (the loss as without this section, bit for bit); ``*_truncate``: min(w, cap);
+    ``*_mask``: 0 where w > cap (the tokens or rows stay in the denominators, as in TRL)."""
+    cap: float = 3.0
+    """TRL's ``vllm_importance_sampling_clip_max`` (its default, 3)."""
+
+    def __post_init__(self) -> None:
+        _rules(self, ("cap", lambda v: v > 1, "> 1 (w = 1 is no mismatch; a cap at or below it truncates or "
+                                              "masks matching tokens)"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LossConfig:
     terms: tuple[Spec, ...] = components("loss", ("ppo_clip",))
     reduction: Literal["token_mean", "seq_mean_token_mean", "seq_sum_const"] = "token_mean"
     """token_mean: over all loss tokens of the optimizer step; seq_mean_token_mean: mean over sequences of
     each sequence's token mean; seq_sum_const: token sum / (sequences x max_completion_tokens) (Dr.GRPO)."""
+    importance_sampling: ImportanceSamplingConfig = dataclasses.field(
+        default_factory=ImportanceSamplingConfig)
+    """Correct the gap between the generator's log-probs and the trainer's (default: none)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -541,6 +562,7 @@ def _check(cfg: RunConfig) -> None:
                               "ema | model")
         if "teacher_topk" in needs and not getattr(cfg.teacher.cfg, "top_k", 0):
             raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs the teacher's top-k support; set teacher.top_k")
+    _check_importance_sampling(cfg)
     from groupwise.catalog import refusal
 
     for engine, on in (("vllm", cfg.rollout.generator.name == "vllm"), ("ray", cfg.rollout.workers > 0)):
@@ -554,6 +576,16 @@ def _check(cfg: RunConfig) -> None:
             if on:
                 raise ConfigError(f"trainer.data_parallel=fsdp: {key} under FSDP is not built; use "
                                   "trainer.data_parallel=replicate with it")
+
+
+def _check_importance_sampling(cfg: RunConfig) -> None:
+    """An importance-sampling mode needs a generator whose completions carry its own sampling log-probs."""
+    mode, gen = cfg.loss.importance_sampling.mode, cfg.rollout.generator.name
+    if mode != "none" and not registry("generator").get(gen).logprobs:
+        with_logprobs = [n for n in registry("generator").names() if registry("generator").get(n).logprobs]
+        raise ConfigError(f"loss.importance_sampling.mode={mode}: generator '{gen}' returns no sampling "
+                          "log-probs; allowed: mode none, or a generator that does "
+                          f"({', '.join(with_logprobs)})")
 
 
 def _check_workers(cfg: RunConfig) -> None:

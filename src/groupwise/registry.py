@@ -12,8 +12,9 @@ it. Every member of one registry has the same form, and there are two forms, dec
 kind's Protocol (``Registry.protocol``). Optional abilities are declared when a member is registered, never
 probed: ``stateful`` (``state_dict()`` / ``load_state_dict()``, checkpointed), ``reports`` (``metrics() ->
 dict[str, float]``, merged into each step's metrics), ``driver_only`` (it must run in the training process:
-never in a Ray rollout worker), and for loss terms ``needs`` (inputs the update must compute, e.g. ``"ref"``,
-``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
+never in a Ray rollout worker), for generators ``logprobs`` (its completions carry the sampler's own
+log-probs; false for a scripted one, which the importance-sampling correction refuses), and for loss terms
+``needs`` (inputs the update must compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
 rows). Unknown names fail with the valid names and the closest match.
 """
 
@@ -68,6 +69,9 @@ class Entry(Generic[T]):
     would be lost with it and its metrics never reach the step's."""
     contract: Callable[..., str] | None = None
     """The kind's output contract (``Registry.contract``); a plug-in of such a kind is built guarded."""
+    logprobs: bool = True
+    """A generator's ``rollout_logprobs`` are its sampling distribution's (false: scripted values, e.g. the
+    ``fake`` generator's constant; ``loss.importance_sampling`` is then refused at load)."""
 
     @property
     def origin(self) -> str:
@@ -136,7 +140,8 @@ class Registry(Generic[T]):
 
     def register(self, name: str, config: type = NoConfig, *, stateful: bool = False, reports: bool = False,
                  needs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (), advantage_only: bool = False,
-                 label: Callable[[Any], str] | None = None, driver_only: bool = False) -> Callable[[T], T]:
+                 label: Callable[[Any], str] | None = None, driver_only: bool = False,
+                 logprobs: bool = True) -> Callable[[T], T]:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"{self.kind} '{name}': config must be a dataclass, got {config!r}")
         bad = [] if callable(needs) else [n for n in needs if n not in NEEDS]
@@ -150,7 +155,7 @@ class Registry(Generic[T]):
             _check_params(self, name, obj)
             self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports,
                                         needs if callable(needs) else tuple(needs), advantage_only, label,
-                                        driver_only, self.contract)
+                                        driver_only, self.contract, logprobs)
             return obj
 
         return deco

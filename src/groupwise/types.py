@@ -35,8 +35,15 @@ class Problem:
 class Completion:
     """What a generator returns for one row: the sampled tokens and their log-probs.
 
-    ``rollout_logprobs[t]`` is log p(completion_ids[t]) under the sampling distribution (logits / temperature,
-    before top-p truncation). ``forced`` marks tokens that were prefilled, not sampled (a forced prefix, a
+    ``rollout_logprobs[t]`` is the sampler's own log p(completion_ids[t]), computed by the generator as it
+    sampled (``hf``: its decode loop; ``vllm``: the engine's log-probs), of the distribution it drew from:
+    logits / temperature over the full vocabulary. Under top-p the token was drawn from that distribution
+    renormalised over the nucleus, whose log-prob is this minus log(kept mass); the kept mass is left out on
+    purpose, so that the value is on the trainer's support (its ``logprobs`` are logits / temperature over the
+    full vocabulary too) and ``exp(old_logprobs − rollout_logprobs)``, the importance weight of
+    ``loss.importance_sampling`` and the ``mismatch/*`` metrics, measures the sampler-trainer gap and not the
+    truncation (the bias of TRL #6789, where vLLM's renormalised log-probs scale every token by the kept mass).
+    ``forced`` marks tokens that were prefilled, not sampled (a forced prefix, a
     tool's output). ``meta`` is copied into ``Sample.meta`` (e.g. a multi-turn rollout's turns and tool calls).
     """
 

@@ -10,7 +10,10 @@ update is identical, minus their passes (``optim.skip_inert_rows: false`` runs t
 first epoch's forward (the weights have not moved yet, so ρ = 1 exactly); rows that carry stored behaviour log-probs (replay) use those. The reference model runs only when a
 ``needs=("ref",)`` term has non-zero weight, the teacher only when a ``needs=("teacher*",)`` term does (its
 outputs are computed in the first epoch and reused by later ones: the teacher's weights at the step's start).
-Every term's per-token loss is multiplied by ``TokenBatch.loss_weights`` before reduction.
+Every term's per-token loss is multiplied by ``TokenBatch.loss_weights`` before reduction, and, with
+``loss.importance_sampling``, by the sampler-trainer importance weight (``losses/mismatch.py``: from the
+``old_logprobs`` above and the generator's ``rollout_logprobs``, no extra pass); the mismatch metrics
+(``mismatch/*``) are logged whenever the rows carry the generator's log-probs.
 
 Non-finite values never reach the weights: a non-finite gradient norm skips the optimizer step, and a step
 that leaves any parameter NaN or ±inf (an overflowing update) is undone: the pre-step parameters, kept as a
@@ -31,7 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from groupwise.config import OptimConfig, RunConfig
+from groupwise.config import ImportanceSamplingConfig, OptimConfig, RunConfig
+from groupwise.losses.mismatch import mismatch
 from groupwise.losses.reduce import Normalizer, reduce
 from groupwise.models import fsdp
 from groupwise.models.forward import Forward, Packed, completion_logprobs, pack, shared_prefix_logprobs
@@ -109,13 +113,15 @@ def gather_sums(sums: Sums, n_plan: float) -> tuple[Sums, float]:
     import torch.distributed as dist
 
     parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (sums.pairs, sums.losses, n_plan))
+    dist.all_gather_object(parts, (sums.pairs, sums.losses, n_plan, sums.peaks))
     out = Sums()
-    for pairs, losses, _ in parts:
+    for pairs, losses, _, peaks in parts:
         for k, (s, c) in pairs.items():
             out.add(k, s, c)
         for k, v in losses.items():
             out.loss(k, v)
+        for k, v in peaks.items():
+            out.peak(k, v)
     return out, float(sum(p[2] for p in parts))
 
 
@@ -145,14 +151,17 @@ class UpdateSettings:
     temperature: float
     max_completion_tokens: int
     pad_id: int
+    importance: ImportanceSamplingConfig = ImportanceSamplingConfig()
 
 
 class Sums:
-    """Step metrics as (sum, count) pairs plus summed loss shares: exact whatever the micro-batch split."""
+    """Step metrics as (sum, count) pairs, summed loss shares and maxima: exact whatever the micro-batch
+    split."""
 
     def __init__(self) -> None:
         self.pairs: dict[str, list[float]] = {}
         self.losses: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
 
     def add(self, key: str, s: float, c: float) -> None:
         acc = self.pairs.setdefault(key, [0.0, 0.0])
@@ -162,9 +171,13 @@ class Sums:
     def loss(self, key: str, value: float) -> None:
         self.losses[key] = self.losses.get(key, 0.0) + value
 
+    def peak(self, key: str, value: float) -> None:
+        self.peaks[key] = max(self.peaks.get(key, value), value)
+
     def metrics(self, epochs: int) -> dict[str, float]:
         out = {k: (s / c if c else 0.0) for k, (s, c) in self.pairs.items()}
         out.update({k: v / epochs for k, v in self.losses.items()})
+        out.update(self.peaks)
         return out
 
 
@@ -190,7 +203,7 @@ class Learner:
         """A learner for ``cfg``'s loss terms, optimizer and rollout settings."""
         optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.trainer.steps)
         settings = UpdateSettings(cfg.loss.reduction, cfg.optim, cfg.rollout.temperature,
-                                  cfg.rollout.max_completion_tokens, pad_id)
+                                  cfg.rollout.max_completion_tokens, pad_id, cfg.loss.importance_sampling)
         top_k = getattr(cfg.teacher.cfg, "top_k", 0)  # teacher configs without a top_k have no top-k support
         return Learner(policy, optimizer, scheduler, bind_losses(cfg), settings, ref, teacher, top_k)
 
@@ -275,11 +288,20 @@ class Learner:
             entropy=fwd.entropy, samples=rows, problems=problems)
 
     def loss(self, inp: LossInputs, norm: Normalizer, sums: Sums) -> Tensor:
-        """Σ_k w_k · reduce(loss_weights · per_token_k); records each term's share and metrics."""
+        """Σ_k w_k · reduce(loss_weights · is_weight · per_token_k); records each term's share and metrics,
+        and the sampler-trainer mismatch (``losses/mismatch.py``; is_weight only with
+        ``loss.importance_sampling``)."""
         total = inp.logprobs.new_zeros(())
+        mode, cap = self.settings.importance.mode, self.settings.importance.cap
+        mis = mismatch(inp.old_logprobs, inp.rollout_logprobs, inp.completion_mask, mode, cap)
+        weights = inp.loss_weights if mis.weight is None else inp.loss_weights * mis.weight
+        for key, (s, c) in mis.metrics.items():
+            sums.add(key, s, c)
+        if mis.max_abs_dlogp is not None:
+            sums.peak("mismatch/max_abs_dlogp", mis.max_abs_dlogp)
         for term in self.terms:
             out = term.fn(inp)
-            value = reduce(out.per_token * inp.loss_weights, inp.completion_mask, norm, self.settings.reduction)
+            value = reduce(out.per_token * weights, inp.completion_mask, norm, self.settings.reduction)
             total = total + term.weight * value
             sums.loss(f"loss/{term.name}", value.item())
             for key, (s, c) in out.metrics.items():

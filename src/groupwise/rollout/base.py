@@ -36,9 +36,10 @@ class Request:
 class Generator(Protocol):
     """A sampling engine.
 
-    ``generate`` returns exactly one Completion per request, in order. ``rollout_logprobs`` are the log-probs
-    of the returned tokens under the sampling distribution (logits / temperature, before top-p); for
-    temperature 0 they are the temperature-1 log-probs. Identical prompts may share one prefill.
+    ``generate`` returns exactly one Completion per request, in order. ``rollout_logprobs`` are the sampler's
+    own log-probs of the returned tokens under the distribution it drew from, logits / temperature over the
+    full vocabulary (before top-p: on the trainer's support, see ``types.Completion``); for temperature 0 they
+    are the temperature-1 log-probs. A generator registered with ``logprobs=False`` returns scripted values. Identical prompts may share one prefill.
     ``sync_weights`` is called after every optimizer step (a no-op when the generator shares the
     training model's parameters, as the ``hf`` backend does). Two optional methods, for engines that hold
     memory or processes (``vllm``): ``release()``, called when a step's rollout stage ends (free memory for

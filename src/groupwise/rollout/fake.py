@@ -50,6 +50,7 @@ class FakeGenerator:
         return out
 
 
-@GENERATORS.register("fake", config=FakeConfig, driver_only=True)  # its row counter is per process
+# driver_only: its row counter is per process; logprobs=False: its log-prob is a scripted constant
+@GENERATORS.register("fake", config=FakeConfig, driver_only=True, logprobs=False)
 def fake(cfg: FakeConfig, env) -> FakeGenerator:
     return FakeGenerator(cfg, env.tokenizer)

@@ -36,6 +36,19 @@ def test_temperature_logprobs_are_of_the_tempered_distribution(tiny_model, token
         assert_close(lp[i, :len(o.completion_ids)], o.rollout_logprobs, rtol=0, atol=1e-5)
 
 
+def test_top_p_logprobs_are_on_the_trainers_support(tiny_model, tokenizer):
+    """Under top-p the sampler's log-probs are of logits / T over the full vocabulary (what the update
+    computes), not renormalised over the nucleus: the sampler-trainer ratio carries no kept-mass factor."""
+    gen = HFGenerator(HFConfig(), tiny_model, tokenizer)
+    reqs = [Request(prompt(tokenizer, "3+5"))] * 4
+    outs = gen.generate(reqs, SamplingParams(max_tokens=8, temperature=0.8, top_p=0.5), rng())
+    packed = pack([r.prompt_ids for r in reqs], [o.completion_ids for o in outs], tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp = completion_logprobs(tiny_model, packed, temperature=0.8).logprobs
+    for i, o in enumerate(outs):
+        assert_close(lp[i, :len(o.completion_ids)], o.rollout_logprobs, rtol=0, atol=1e-5)
+
+
 def test_left_padding_and_batching_do_not_change_greedy_output(tiny_model, tokenizer):
     gen = HFGenerator(HFConfig(), tiny_model, tokenizer)
     short = Request(prompt(tokenizer, "3+5"))
