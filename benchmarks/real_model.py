@@ -7,6 +7,8 @@ or the library's own generator and update, each measurement in a fresh process (
     PYTHONPATH=src python benchmarks/real_model.py steps  --threads 2 --steps 5
     # peak RSS vs batch, and the fit
     PYTHONPATH=src python benchmarks/real_model.py memory --threads 2
+    # what docs/benchmarks.md shows: steps at 1 thread (the experiments' setting)
+    PYTHONPATH=src python benchmarks/real_model.py steps --threads 1 --steps 6
 
 ``steps``: ``groupwise train recipes/smollm2_math.yaml`` for ``--steps`` steps per arm (evals off, no
 checkpoints): ``lora`` is the recipe as committed (LoRA r 16 on every linear layer, lr 6e-4), ``full`` trains
@@ -17,7 +19,8 @@ and the run's peak RSS. The arms alternate (lora, full, full, lora, ...) with ``
 
 ``memory``: peak RSS of (a) one generate call of R rows (groups of 8, every row forced to the 48-token cap)
 for R in ``--rows``, and (b) one update (forward + backward + AdamW step, full fine-tuning and LoRA) on a
-fixed batch of 64 rows at ``optim.micro_batch_tokens`` M in ``--micro``. Memory grows linearly in R (the KV
+fixed batch of 16 groups x 8 rows (~8k tokens as the recipe's ``optim.shared_prefix`` packs them: each group's
+prompt once; an M above that measures nothing new) at ``optim.micro_batch_tokens`` M in ``--micro``. Memory grows linearly in R (the KV
 cache and the sampling buffers) and in M (activations and one micro-batch of full-vocabulary logits); the
 fitted slopes give the largest R and M under ``--budget-gib`` (24 GiB, this machine's memory) with 10%
 headroom. The update's memory does not depend on the number of rows per step (the update is micro-batched by
@@ -119,9 +122,10 @@ def child_generate(rows: int, threads: int) -> dict:
             "tokens": sum(o.completion_ids.numel() for o in out)}
 
 
-def child_update(micro: int, lora: bool, threads: int) -> dict:
-    """Peak RSS after one update (forward, backward, AdamW step) of 64 fixed rows at ``micro`` tokens a
-    micro-batch."""
+def child_update(micro: int, lora: bool, threads: int, groups: int = 16) -> dict:
+    """Peak RSS after one update (forward, backward, AdamW step) of ``groups`` x 8 fixed rows at ``micro``
+    tokens a micro-batch (the recipe's ``optim.shared_prefix``: a group packs as its prompt once + 8 x 48
+    completion tokens, ~500 tokens)."""
     import torch
 
     from groupwise.config import load
@@ -133,18 +137,19 @@ def child_update(micro: int, lora: bool, threads: int) -> dict:
     p = build(load(RECIPE, overrides + ([] if lora else ["model.lora=null", "optim.lr=1e-5"])), io=False)
     base = _peak_mb()
     g = torch.Generator().manual_seed(0)
-    groups = []
-    for prob in p.task.test[:8]:
+    batch = []
+    for prob in p.task.test[:groups]:
         ids = p.encode(prob)
         samples = [Sample(prompt_ids=ids, completion_ids=torch.randint(100, 40000, (48,), generator=g),
                           rollout_logprobs=torch.zeros(48), loss_mask=torch.ones(48, dtype=torch.bool),
                           finish_reason="length", reward=float(j % 2), scored=True) for j in range(8)]
-        groups.append(Group(problem=prob, samples=samples))
-    adv = torch.tensor([[1.0 if j % 2 else -1.0 for j in range(8)] for _ in groups])
+        batch.append(Group(problem=prob, samples=samples))
+    adv = torch.tensor([[1.0 if j % 2 else -1.0 for j in range(8)] for _ in batch])
     t = time.perf_counter()
-    p.learner.step(TokenBatch.build(groups, adv, []))
+    m = p.learner.step(TokenBatch.build(batch, adv, []))
     return {"micro": micro, "lora": lora, "loaded_mb": base, "peak_mb": _peak_mb(),
-            "seconds": time.perf_counter() - t}
+            "seconds": time.perf_counter() - t, "micro_batches": m["update/micro_batches"],
+            "tokens": sum(len(p.encode(g.problem)) + 8 * 48 for g in batch)}
 
 
 def _peak_mb() -> float:
@@ -181,22 +186,24 @@ def memory_main(a) -> dict:
             print(f"update at {m} tokens a micro-batch ({'lora' if lora else 'full'}) ...", file=sys.stderr,
                   flush=True)
             upd.append(_child("update", m, a.threads, str(lora)))
-    g0, g1 = fit([x["rows"] for x in gen], [x["peak_mb"] for x in gen])
     lines = [f"peak RSS, one process per point, {a.threads} thread(s); linear fits; "
-             f"budget {a.budget_gib} GiB x 0.9", "",
-             "generate (groups of 8, 48 new tokens a row, prompts ~112 tokens):"]
-    lines += [f"  {x['rows']:>5} rows: peak {x['peak_mb']:>7.0f} MB (model loaded: {x['loaded_mb']:.0f} MB), "
-              f"{x['tokens'] / x['seconds']:.0f} tok/s" for x in gen]
-    lines.append(f"  fit: {g0:.0f} MB + {g1:.2f} MB/row -> at most {int((budget - g0) / g1):,} rows per "
-                 "generate call")
-    out = {"generate": gen, "update": upd, "generate_fit": [g0, g1], "max_rows": int((budget - g0) / g1)}
+             f"budget {a.budget_gib} GiB x 0.9", ""]
+    out: dict = {"generate": gen, "update": upd}
+    if len(gen) > 1:
+        g0, g1 = fit([x["rows"] for x in gen], [x["peak_mb"] for x in gen])
+        lines.append("generate (groups of 8, 48 new tokens a row, prompts ~112 tokens):")
+        lines += [f"  {x['rows']:>5} rows: peak {x['peak_mb']:>7.0f} MB (model loaded: {x['loaded_mb']:.0f} MB), "
+                  f"{x['tokens'] / x['seconds']:.0f} tok/s" for x in gen]
+        lines.append(f"  fit: {g0:.0f} MB + {g1:.2f} MB/row -> at most {int((budget - g0) / g1):,} rows per "
+                     "generate call")
+        out.update(generate_fit=[g0, g1], max_rows=int((budget - g0) / g1))
     for lora in (False, True):
         pts = [x for x in upd if x["lora"] == lora]
         u0, u1 = fit([x["micro"] for x in pts], [x["peak_mb"] for x in pts])
         name = "LoRA" if lora else "full fine-tuning"
-        lines.append(f"update, {name} (64 rows x (~112 + 48) tokens):")
-        lines += [f"  micro_batch_tokens {x['micro']:>6}: peak {x['peak_mb']:>7.0f} MB, {x['seconds']:.1f} s"
-                  for x in pts]
+        lines.append(f"update, {name} ({pts[0]['tokens']:,} packed tokens a step):")
+        lines += [f"  micro_batch_tokens {x['micro']:>6}: {x['micro_batches']:.0f} micro-batches, "
+                  f"peak {x['peak_mb']:>7.0f} MB, {x['seconds']:.1f} s" for x in pts]
         top = int((budget - u0) / u1)
         lines.append(f"  fit: {u0:.0f} MB + {u1 * 1024:.0f} MB per 1k tokens -> "
                      f"micro_batch_tokens up to {top:,}")
@@ -214,8 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
     s.add_argument("--repeats", type=int, default=1)
     s.add_argument("--workdir")
     m = sub.add_parser("memory")
-    m.add_argument("--rows", type=int, nargs="+", default=[64, 256, 512])
-    m.add_argument("--micro", type=int, nargs="+", default=[2048, 8192, 16384])
+    m.add_argument("--rows", type=int, nargs="*", default=[64, 256, 512], help="none: skip generation")
+    m.add_argument("--micro", type=int, nargs="+", default=[1024, 2048, 4096])
     m.add_argument("--budget-gib", type=float, default=24.0)
     for q in (s, m):
         q.add_argument("--threads", type=int, default=2)

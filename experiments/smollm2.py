@@ -119,6 +119,27 @@ def mcnemar_p(up: int, down: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
 
 
+def format_split(dirs: list[Path], steps: int) -> str:
+    """How much of the sampled (T = 1) gain is the \\boxed{} format: the boxed share, and the accuracy of
+    the boxed answers alone, before and after."""
+    def split(step: int) -> tuple[float, float]:
+        shares, accs = [], []
+        for d in dirs:
+            rs = [r for r in records(d, step) if not r["greedy"]]
+            boxed = [r for r in rs if r["format"]]
+            shares.append(len(boxed) / len(rs))
+            accs.append(sum(r["correct"] for r in boxed) / len(boxed))
+        return statistics.fmean(shares), statistics.fmean(accs)
+
+    (s0, a0), (s1, a1) = split(0), split(steps)
+    return ("| | boxed share | accuracy of boxed answers |\n|---|---|---|\n"
+            f"| before | {s0:.3f} | {a0:.3f} |\n| after | {s1:.3f} | {a1:.3f} |\n")
+
+
+def fmt_p(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
 def binomial_se(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 1e-12) / n)
 
@@ -155,11 +176,13 @@ def main() -> None:
             f"| {d.name} | {b['eval/mean_at_k']:.3f} -> {a['eval/mean_at_k']:.3f} "
             f"(±{binomial_se(b['eval/mean_at_k'], n * k):.3f}) | {gain:+.3f} ± {gain_se:.3f} | "
             f"{b['eval/greedy_acc']:.3f} -> "
-            f"{a['eval/greedy_acc']:.3f} | {up} / {down} ({mcnemar_p(up, down):.3f}) | "
+            f"{a['eval/greedy_acc']:.3f} | {up} / {down} ({fmt_p(mcnemar_p(up, down))}) | "
             f"{statistics.fmean(r['perf/step_s'] for r in m):.1f} | "
             f"{statistics.fmean(r['perf/generate_s'] for r in m):.1f} | "
             f"{statistics.fmean(r['perf/update_s'] for r in m):.1f} | {rss:.0f} |\n")
-    lines += ["\nBy kind of problem (mean over the seeds):\n\n", by_kind(dirs, steps)]
+    lines += ["\nBy kind of problem (mean over the seeds):\n\n", by_kind(dirs, steps),
+              "\nFormat against arithmetic (sampled answers, mean over the seeds): the boxed share, and the accuracy "
+              "of the boxed answers alone:\n\n", format_split(dirs, steps)]
     plot = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/mean",
                                       "rollout/completion_len_mean"], out_dir / "curves.png")
     harness.write_report(out_dir, lines, [plot])
