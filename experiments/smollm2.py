@@ -148,7 +148,8 @@ def main() -> None:
     args = harness.cli_args(__doc__.splitlines()[0])
     steps = args.steps or STEPS
     arms = {"grpo_lora": [f"trainer.steps={steps}", f"eval.every={EVAL_EVERY}", f"optim.lr={LR}",
-                          "trainer.save_every=20", "trainer.sinks=[jsonl]"]}
+                          "trainer.save_every=20", "trainer.sinks=[jsonl]",
+                          "optim.micro_batch_tokens=8192"]}  # what the recorded runs used (the recipe has 2048 now)
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
     dirs = runs["grpo_lora"]
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
