@@ -161,3 +161,35 @@ def test_two_run_report(runs, tmp_path):
         page.screenshot(path=str(artifacts(tmp_path) / "inspect_two_runs.png"), full_page=True)
         browser.close()
     assert errors == [] and all(u.startswith(("file://", "data:")) for u in requests), (errors, requests)
+
+
+def test_runs_with_different_eval_k_compare_fractions(runs, tmp_path):
+    """Issue 31: a run with eval.k 4 against one with 2 compared raw counts (2/4 'better' than 1/2) and counted
+    every such problem as a difference."""
+    import shutil
+
+    _, b = runs
+    records = [json.loads(x) for x in (b / "eval" / "step_2.jsonl").read_text().splitlines()]
+    copies = []
+    for k in (2, 4):  # the same greedy verdicts, and half of each problem's samples right at either k
+        run = tmp_path / f"k{k}" / b.name
+        shutil.copytree(b, run)
+        out, seen = [], {}
+        for r in records:
+            if r["greedy"]:
+                out.append(r)
+            elif seen.setdefault(r["id"], 0) == 0:  # one sampled record per problem, expanded to k
+                seen[r["id"]] = 1
+                out += [{**r, "correct": j % 2 == 0} for j in range(k)]
+        (run / "eval" / "step_2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in out))
+        copies.append(run)
+    report = tmp_path / "k.html"
+    assert main(["inspect", *map(str, copies), "--out", str(report)]) == 0
+    with playwright() as pw:
+        browser, page, errors, _ = open_page(pw, report)
+        assert page.locator("#eval-table tr[data-id]").count() == 4
+        assert page.locator("#eval-table tr.diff").count() == 0
+        assert page.locator("#eval-table td.win").count() + page.locator("#eval-table td.lose").count() == 0
+        assert "eval.k differs (2 vs 4 samples a problem)" in page.locator("#eval-summary").inner_text()
+        browser.close()
+    assert errors == []

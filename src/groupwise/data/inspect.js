@@ -258,6 +258,11 @@ function textDiff(a, b) {  // character LCS diff of b against a (both cut to 400
   return out;
 }
 
+// the share of a problem's sampled completions that are correct: runs with different eval.k compare fractions
+function sampledFrac(e) {
+  return e && e.sampled.length ? e.sampled.filter((r) => r.correct).length / e.sampled.length : 0;
+}
+
 function evalCell(e, other, diffAgainst) {
   if (!e) return [el("td", { text: "–" }), el("td", { text: "–" })];
   const g = e.greedy || e.sampled[0];
@@ -266,9 +271,9 @@ function evalCell(e, other, diffAgainst) {
   const cls = oth && oth.correct !== ok ? (ok ? "win" : "lose") : null;
   const head = g ? `${g.correct ? "✓" : "✗"} ${e.greedy ? "greedy" : "sample"} answer ${g.answer ?? "–"}, ${g.length} tok, ${g.finish_reason}` : "";
   const text = g ? (diffAgainst && diffAgainst !== g.text ? textDiff(diffAgainst, g.text) : el("pre", { text: g.text })) : "";
-  const ko = other ? other.sampled.filter((r) => r.correct).length : k;
+  const f = sampledFrac(e), fo = other ? sampledFrac(other) : f;
   return [el("td", { cls, text: head }, el("br"), text),
-    el("td", { cls: ko !== k ? (k > ko ? "win" : "lose") : null, text: `${k}/${e.sampled.length}`, title: "sampled correct" })];
+    el("td", { cls: fo !== f ? (f > fo ? "win" : "lose") : null, text: `${k}/${e.sampled.length}`, title: "sampled correct" })];
 }
 
 function renderEval() {
@@ -285,7 +290,7 @@ function renderEval() {
     const es = tables.map((t) => t.get(id));
     const g = es.map((e) => (e ? (e.greedy || e.sampled[0]) : null));
     const diff = RUNS.length > 1 && (!g[0] || !g[1] || g[0].correct !== g[1].correct ||
-      es[0].sampled.filter((r) => r.correct).length !== es[1].sampled.filter((r) => r.correct).length);
+      sampledFrac(es[0]) !== sampledFrac(es[1]));
     differ += diff ? 1 : 0;
     if (evalState.onlyDiff && !diff) continue;
     const cells = es.flatMap((e, i) => evalCell(e, RUNS.length > 1 ? es[1 - i] : null, i === 1 && g[0] ? g[0].text : null));
@@ -293,8 +298,12 @@ function renderEval() {
       el("td", { text: es.find((e) => e)?.difficulty ?? "" }), ...cells));
   }
   const acc = tables.map((t) => [...t.values()].filter((e) => (e.greedy || e.sampled[0])?.correct).length);
+  const ks = tables.map((t) => Math.max(0, ...[...t.values()].map((e) => e.sampled.length)));
+  const kNote = RUNS.length > 1 && ks[0] !== ks[1] ?
+    `; eval.k differs (${ks[0]} vs ${ks[1]} samples a problem): sampled ✓ is compared as a fraction` : "";
   box.append(el("p", { id: "eval-summary", text: `${ids.length} held-out problems; correct: ` +
-    RUNS.map((r, i) => `${r.name} ${acc[i]}`).join(", ") + (RUNS.length > 1 ? `; the runs differ on ${differ}` : "") }));
+    RUNS.map((r, i) => `${r.name} ${acc[i]}`).join(", ") + (RUNS.length > 1 ? `; the runs differ on ${differ}` : "") +
+    kNote }));
   if (!ids.length) box.append(el("p", { cls: "note", text: "no eval records (eval/step_*.jsonl)" }));
   else box.append(table);
 }
