@@ -123,6 +123,19 @@ def read_metrics(run_dir: str | Path, note: Callable[[str], None] = to_stderr) -
     return [row for _, row in read_lines(path, note)]
 
 
+def eval_k(run_dir: str | Path) -> int | None:
+    """The run's ``eval.k`` (samples per held-out problem behind ``eval/mean_at_k``), from its
+    ``resolved_config.yaml``; None when the run has none (a bare metrics log)."""
+    import yaml
+
+    path = Path(run_dir) / "resolved_config.yaml"
+    try:
+        k = (yaml.safe_load(path.read_text()) or {}).get("eval", {}).get("k")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return int(k) if isinstance(k, int) else None
+
+
 class Logger:
     def __init__(self, run_dir: Path, sinks: tuple[str, ...], config: dict[str, Any], resume_step: int | None,
                  note: Callable[[str], None] = to_stderr):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from groupwise.log import read_metrics
+from groupwise.log import eval_k, read_metrics
 from groupwise.registry import ConfigError
 
 DEFAULT_METRICS = ("reward/correct_frac", "rollout/completion_len_mean", "eval/mean_at_k", "eval/len_mean")
@@ -30,6 +30,9 @@ def plot(runs: list[str], out: str | Path, metrics: tuple[str, ...] | None = Non
     metric or x axis is a ``ConfigError`` listing the available ones (nothing is written)."""
     names = [Path(r).name for r in runs]
     labels = names if len(set(names)) == len(names) else [str(r) for r in runs]  # same-named runs: full paths
+    ks = [eval_k(r) for r in runs]
+    if len({k for k in ks if k is not None}) > 1:  # mean_at_k of different k under one title: each label says its k
+        labels = [f"{label} (eval.k {k if k is not None else '?'})" for label, k in zip(labels, ks)]
     data = {label: read_metrics(r) for label, r in zip(labels, runs)}
     metrics = _check_names(data, metrics, x)
     import matplotlib

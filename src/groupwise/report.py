@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from groupwise.log import read_metrics
+from groupwise.log import eval_k, read_metrics
 
 DEFAULT_EVAL = ("eval/mean_at_k", "eval/greedy_acc", "eval/len_mean")
 DEFAULT_TRAIN = ("reward/mean", "reward/correct_frac", "rollout/completion_len_mean")
@@ -21,6 +21,9 @@ def run_summary(run: str | Path, tail: int = 10, extra: tuple[str, ...] = (),
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     train = [r for r in rows if "perf/step_s" in r]
     out: dict[str, float | str] = {"run": Path(run).name}
+    k = eval_k(run)
+    if evals and k is not None:
+        out["eval.k"] = str(k)  # the k of mean_at_k / pass_at_k: runs with different k are not alike
     if evals:
         for k in DEFAULT_EVAL:
             if k in evals[0]:
@@ -50,8 +53,10 @@ def compare(runs: list[str], tail: int = 10, extra: tuple[str, ...] = ()):
     # metrics as rows, runs as columns: a few runs fit a terminal however many metrics there are
     # the steps each mean covers: a run shorter than ``tail`` averages all of its steps
     counts = sorted({min(tail, sum("perf/step_s" in r for r in rows)) for rows in logs})
+    ks = [str(s["eval.k"]) for s in summaries if "eval.k" in s]
+    k_note = f"; eval.k differs ({' / '.join(ks)}): each mean_at_k is over its run's own k" if len(set(ks)) > 1 else ""
     table = Table(title=f"groupwise compare (training metrics: mean of the last "
-                        f"{' / '.join(map(str, counts))} step{'s' * (counts != [1])})")
+                        f"{' / '.join(map(str, counts))} step{'s' * (counts != [1])}{k_note})")
     table.add_column("metric", justify="left")
     for s in summaries:
         table.add_column(str(s["run"]), justify="right")

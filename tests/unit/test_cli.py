@@ -163,3 +163,33 @@ def test_the_warm_start_progress_says_building_not_cached(tmp_path, monkeypatch,
                  "model.warm_start_steps=2", "eval.before=false", "eval.after=false"]) == 0
     out = capsys.readouterr().out
     assert "building the warm start (SFT): 2/2 loss" in out and "cached)" not in out
+
+
+def test_compare_and_plot_say_when_eval_k_differs(tmp_path, monkeypatch):
+    """Issue 31: mean@4 and mean@8 were put under one name without a word."""
+    from groupwise.plot import plot
+    from groupwise.report import compare
+
+    for name, k in (("a", 4), ("b", 8), ("c", 4)):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"step": 0, "eval/mean_at_k": 0.3}, {"step": 1, "perf/step_s": 1.0, "reward/mean": 0.5},
+                {"step": 1, "eval/mean_at_k": 0.4}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "resolved_config.yaml").write_text(f"eval:\n  k: {k}\n")
+    a, b, c = (str(tmp_path / x) for x in "abc")
+    table, summaries = compare([a, b], 10)
+    assert "eval.k differs (4 / 8)" in table.title and [s["eval.k"] for s in summaries] == ["4", "8"]
+    assert "eval.k" not in compare([a, c], 10)[0].title
+    import matplotlib.axes
+
+    seen, orig = [], matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kw):
+        seen.append(kw.get("label"))
+        return orig(self, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    plot([a, b], tmp_path / "k.png", metrics=("eval/mean_at_k",))
+    plot([a, c], tmp_path / "same.png", metrics=("eval/mean_at_k",))
+    assert seen == ["a (eval.k 4)", "b (eval.k 8)", "a", "c"]
