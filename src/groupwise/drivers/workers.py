@@ -40,7 +40,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import signal
 import sys
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -245,10 +247,14 @@ class RayWorkers:
 
         ray, n = self.ray, self.p.cfg.rollout.workers
         self.owns = not ray.is_initialized()  # a Ray instance someone else started stays up at close()
+        # ray.init replaces the SIGTERM handler with sys.exit(15): the session's (stop after the step, save) stays
+        term = signal.getsignal(signal.SIGTERM)
         if self.owns and os.environ.get("RAY_ADDRESS"):  # a cluster (`ray start --head`): join it, size nothing
             ray.init(logging_level="ERROR", log_to_driver=True)
         elif self.owns:
             ray.init(num_cpus=n, include_dashboard=False, logging_level="ERROR", log_to_driver=True)
+        if threading.current_thread() is threading.main_thread() and term is not None:
+            signal.signal(signal.SIGTERM, term)
         self.job = ray.get_runtime_context().get_job_id()
         idle = _IDLE.setdefault(self.job, [])
         env, threads, cpus = {k: os.environ[k] for k in ENV if k in os.environ}, torch.get_num_threads(), os.cpu_count()

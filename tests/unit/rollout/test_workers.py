@@ -165,3 +165,35 @@ def test_missing_ray_names_the_extra(monkeypatch):
     with pytest.raises(ConfigError, match=r"rollout.workers=1 needs ray, which is not installed: "
                                           r"pip install 'groupwise\[ray\]'$"):
         load(None, ["rollout.workers=1"])
+
+
+def test_sigterm_on_a_run_with_workers_stops_after_the_step_and_saves(tmp_path):
+    """Issue 31: ray.init replaced the session's SIGTERM handler, so SIGTERM on a Ray run exited 15 at once
+    with nothing saved (SIGINT was fine)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    pytest.importorskip("ray")
+    src = str(Path(__file__).parents[3] / "src")
+    env = {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\n")
+    cmd = [sys.executable, "-m", "groupwise.cli", "train", str(recipe), *ARGS, "rollout.shards=1", "rollout.workers=1",
+           "trainer.steps=200", "trainer.save_every=0", "trainer.progress=false", "trainer.sinks=[jsonl]",
+           "eval.before=false", "eval.after=false", f"out_dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    log, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 240
+    while proc.poll() is None and time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert "interrupted: saved step" in out + err, (proc.returncode, out[-1000:], err[-2000:])
+    step = max(json.loads(x)["step"] for x in log.read_text().splitlines())
+    assert (tmp_path / "r" / "checkpoints" / f"step_{step:07d}").is_dir()
