@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ RESUMABLE = ("trainer.steps", "trainer.save_every", "trainer.keep_last", "traine
 """Keys a resumed run may change (prefixes); with a cosine or linear schedule, ``trainer.steps`` also
 changes the rest of the schedule. ``rollout.workers`` changes no sample (``drivers/workers.py``); ``rollout.shards``
 does, so it stays."""
+
+
+FORWARD_S = 2.0  # under torchrun: a second signal this soon after the first is the launcher's forward of it
 
 
 class Session:
@@ -181,12 +185,19 @@ class Session:
 
     @contextlib.contextmanager
     def signals(self) -> Iterator[None]:
-        """Ctrl-C / SIGTERM set ``stopping`` (the loop finishes its step); a second one aborts."""
+        """Ctrl-C / SIGTERM set ``stopping`` (the loop finishes its step); a second one aborts. Under torchrun
+        a Ctrl-C reaches every rank twice (the terminal's, then the launcher forwards its own), so there a
+        second signal within ``FORWARD_S`` seconds of the first is the same interrupt."""
+        first: list[float] = []
+        launched = "TORCHELASTIC_RUN_ID" in os.environ
 
         def request_stop(signum, frame):
             if self.stop:
+                if launched and time.monotonic() - first[0] < FORWARD_S:
+                    return
                 raise KeyboardInterrupt
             self.stop.append(signum)
+            first.append(time.monotonic())
             self.progress.note("stopping after this step (interrupt again to abort without saving)")
 
         main = threading.current_thread() is threading.main_thread()  # signals can only be caught there
