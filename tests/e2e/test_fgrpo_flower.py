@@ -41,3 +41,19 @@ def test_flower_backend_equals_in_process(tmp_path):
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
     assert "after" in result and any(r.get("update/grad_norm", 0) > 0 for r in a), "nothing trained: vacuous"
+
+
+def test_plugins_load_in_the_flower_clients(tmp_path):
+    """Issue 31: a ``plugins:`` component under ``driver.backend: flower`` was unknown in the clients (each a
+    simulation actor in a fresh process, where the run's plug-in files had never been imported)."""
+    plugin = tmp_path / "half.py"
+    plugin.write_text("from groupwise.registry import NoConfig\nfrom groupwise.rewards import REWARDS\n"
+                      "from groupwise.rewards.basic import per_sample\n\n\n"
+                      "@REWARDS.register('always_half_flower', config=NoConfig)\n"
+                      "def always_half(cfg, env):\n    return per_sample(lambda s, p: 0.5)\n")
+    args = [a for a in ARGS if not a.startswith(("reward.terms", "trainer.steps", "trainer.save_every"))]
+    drivers.run(load(RECIPE, [*args, f"out_dir={tmp_path}", "name=fl", "driver.backend=flower", "trainer.steps=1",
+                              f"plugins=[{plugin}]", "eval.after=false",
+                              "reward.terms=[{name: always_half_flower}, {name: length_penalty, max_length: 24}]"]))
+    steps = [r for r in rows(tmp_path / "fl") if r["step"] == 1]
+    assert any(k.endswith("always_half_flower") and v == 0.5 for r in steps for k, v in r.items()), steps

@@ -61,6 +61,10 @@ def cached_client(k: int, run, cfg, model_path: str | None) -> fgrpo.Client:
     with _LOCK:
         key = (str(run.run_dir), k)
         if key not in _CLIENTS:
+            from groupwise import plugins
+
+            for ref in run.plugins:  # a simulation actor is a fresh process: the run's plug-ins register here too
+                plugins.import_ref(ref)
             _CLIENTS[key] = fgrpo.Client(run, cfg, k, model_path)
         return _CLIENTS[key]
 
