@@ -21,9 +21,9 @@ def run_summary(run: str | Path, tail: int = 10, extra: tuple[str, ...] = (),
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     train = [r for r in rows if "perf/step_s" in r]
     out: dict[str, float | str] = {"run": Path(run).name}
-    k = eval_k(run)
-    if evals and k is not None:
-        out["eval.k"] = str(k)  # the k of mean_at_k / pass_at_k: runs with different k are not alike
+    samples_per_problem = eval_k(run)
+    if evals and samples_per_problem is not None:  # the k of mean_at_k / pass_at_k: runs with other k differ
+        out["eval.k"] = str(samples_per_problem)
     if evals:
         for k in DEFAULT_EVAL:
             if k in evals[0]:

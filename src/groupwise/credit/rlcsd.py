@@ -160,7 +160,7 @@ def modulate(a: torch.Tensor, e: torch.Tensor, cfg: RLCSDConfig) -> tuple[torch.
 @CREDIT.register("rlcsd", config=RLCSDConfig)
 def rlcsd(batch: TokenBatch, cfg: RLCSDConfig) -> TokenBatch:
     adv, m = batch.advantages.clone(), batch.completion_mask
-    sel, kept = torch.zeros_like(m), torch.ones(m.shape[0], 1, dtype=torch.bool)
+    sel, kept = torch.zeros_like(m), torch.ones(m.shape[0], 1, dtype=torch.bool, device=m.device)
     for b, s in enumerate(batch.samples):
         e = s.meta.get("rlcsd_e")
         if e is None:

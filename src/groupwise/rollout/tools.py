@@ -22,8 +22,9 @@ the first turn.
 The calls of one turn run concurrently in daemon threads (``workers``), all bounded by ``timeout_s`` from the
 start of the turn's calls: a call that raises (or calls ``sys.exit``) reads
 ``<result>error: <Type></result>``, one that times out ``<result>timeout</result>``, and the episode goes on
-(a hung call's thread is abandoned: never joined, not even when the process exits). A result is cut to ``MAX_CHARS_PER_TOKEN x result_tokens``
-characters before it is tokenised, so a 10 MB result costs what a short one does.
+(a hung call's thread is abandoned: never joined, not even when the process exits). A result is cut to
+``MAX_CHARS_PER_TOKEN x result_tokens`` characters before it is tokenised, so a 10 MB result costs what a
+short one does.
 Per sample ``meta``: ``turns``, ``tool_calls``, ``tool_errors``, ``tool_timeouts``, ``tool_tokens`` (the loop
 reports their per-rollout means as ``rollout/turns``, ``rollout/tool_calls``, ... and ``rollout/tool_token_frac``;
 ``drivers/stats.py``).
