@@ -197,7 +197,7 @@ def memory_main(a) -> dict:
         lines.append(f"  fit: {g0:.0f} MB + {g1:.2f} MB/row -> at most {int((budget - g0) / g1):,} rows per "
                      "generate call")
         out.update(generate_fit=[g0, g1], max_rows=int((budget - g0) / g1))
-    for lora in (False, True):
+    for lora in (False, True) if len(a.micro) > 1 else ():
         pts = [x for x in upd if x["lora"] == lora]
         u0, u1 = fit([x["micro"] for x in pts], [x["peak_mb"] for x in pts])
         name = "LoRA" if lora else "full fine-tuning"
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> dict:
     s.add_argument("--workdir")
     m = sub.add_parser("memory")
     m.add_argument("--rows", type=int, nargs="*", default=[64, 256, 512], help="none: skip generation")
-    m.add_argument("--micro", type=int, nargs="+", default=[1024, 2048, 4096])
+    m.add_argument("--micro", type=int, nargs="*", default=[1024, 2048, 4096], help="none: skip the update")
     m.add_argument("--budget-gib", type=float, default=24.0)
     for q in (s, m):
         q.add_argument("--threads", type=int, default=2)
