@@ -300,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:  # a run that stopped on purpose (non-finite weights); other errors are bugs
-        from groupwise.update import NonFiniteWeights
+    except RuntimeError as e:  # a run that stopped on purpose (RunStopped); other errors are bugs
+        from groupwise.registry import RunStopped
 
-        if not isinstance(e, NonFiniteWeights):
+        if not isinstance(e, RunStopped):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -41,6 +41,11 @@ class ConfigError(ValueError):
     """A bad recipe, override or component name. The message is one line naming the key and what is allowed."""
 
 
+class RunStopped(RuntimeError):
+    """A run that stopped on purpose (non-finite weights, a federation that stopped answering): the message is
+    one line saying why and what was kept; the CLI prints it and exits 1."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NoConfig:
     """A component without knobs."""

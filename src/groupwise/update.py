@@ -39,12 +39,12 @@ from groupwise.losses.mismatch import mismatch
 from groupwise.losses.reduce import Normalizer, reduce
 from groupwise.models import fsdp
 from groupwise.models.forward import Forward, Packed, completion_logprobs, pack, shared_prefix_logprobs
-from groupwise.registry import Entry
+from groupwise.registry import Entry, RunStopped
 from groupwise.teachers import TeacherWant
 from groupwise.types import LossInputs, LossTerms, Sample, TeacherOutput, TokenBatch
 
 
-class NonFiniteWeights(RuntimeError):
+class NonFiniteWeights(RunStopped):
     """An optimizer step produced NaN/inf weights under ``optim.nonfinite: stop`` (one line, for the CLI)."""
 
 

@@ -57,3 +57,76 @@ def test_plugins_load_in_the_flower_clients(tmp_path):
                               "reward.terms=[{name: always_half_flower}, {name: length_penalty, max_length: 24}]"]))
     steps = [r for r in rows(tmp_path / "fl") if r["step"] == 1]
     assert any(k.endswith("always_half_flower") and v == 0.5 for r in steps for k, v in r.items()), steps
+
+
+FAULTY = '''import os, time
+from groupwise.registry import NoConfig
+from groupwise.rewards import REWARDS
+from groupwise.rewards.basic import per_sample
+
+
+def reward(sample, problem):
+    if "*" in problem.prompt:  # client 1 only; each marker file acts once
+        for mark, act in (("die", lambda: os._exit(1)), ("hang", lambda: time.sleep(10**6))):
+            path = os.path.join(os.environ["GW_FAULT_DIR"], mark)
+            if os.path.exists(path):
+                os.remove(path)
+                act()
+    return 0.5
+
+
+@REWARDS.register("faulty_flower", config=NoConfig)
+def faulty(cfg, env):
+    return per_sample(reward)
+'''
+
+
+def test_flower_client_that_dies_or_hangs_is_dropped_and_counted(tmp_path, monkeypatch):
+    """Issue 31: a Flower client process that died made the next call fail with "Message content is None"; a hung
+    one blocked the run forever. Now each is a failed client for that round (counted), the actor restarts and
+    later rounds have every client back; a checkpoint is still written."""
+    (tmp_path / "faulty.py").write_text(FAULTY)
+    (tmp_path / "die").touch()  # round 1: client 1's process exits; round 2 (restarted): it hangs
+    (tmp_path / "hang").touch()
+    monkeypatch.setenv("GW_FAULT_DIR", str(tmp_path))
+    args = [a for a in ARGS if not a.startswith(("reward.terms", "trainer.steps", "driver.clients"))]
+    drivers.run(load(RECIPE, [*args, f"out_dir={tmp_path}", "name=fl", "driver.backend=flower", "trainer.steps=3",
+                              f"plugins=[{tmp_path / 'faulty.py'}]", "eval.after=false", "driver.round_timeout_s=30",
+                              "driver.clients=[{task: {ops: '+'}}, {task: {ops: '*'}}]",
+                              "reward.terms=[{name: faulty_flower}, {name: length_penalty, max_length: 24}]"]))
+    rows_ = rows(tmp_path / "fl")
+    assert [r["federated/clients_ok"] for r in rows_] == [1.0, 1.0, 2.0]  # died, hung, both back
+    assert [r["federated/client_failures"] for r in rows_] == [1.0, 2.0, 2.0]
+    assert (tmp_path / "fl" / "checkpoints" / "step_0000003").is_dir()
+
+
+def test_ctrl_c_on_a_flower_run_saves_and_exits(tmp_path):
+    """Issue 31: Ctrl-C during a Flower FGRPO run did not exit within 120 s and saved nothing (the loop runs in the
+    ServerApp's thread, where no signal handler can be installed). Ctrl-C reaches the whole process group, as
+    from a terminal."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    args = [a for a in ARGS if not a.startswith(("trainer.steps", "trainer.save_every"))]
+    cmd = [sys.executable, "-m", "groupwise.cli", "train", RECIPE, *args, "trainer.steps=400", "trainer.save_every=0",
+           "driver.backend=flower", "eval.after=false", f"out_dir={tmp_path}", "name=fl"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    log, deadline = tmp_path / "fl" / "metrics.jsonl", time.time() + 240
+    while proc.poll() is None and time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("no exit within 120 s of Ctrl-C") from None
+    assert proc.returncode == 130, err[-2000:]
+    step = [line for line in (out + err).splitlines() if line.startswith("interrupted: saved step")]
+    assert step, err[-2000:]
+    assert (tmp_path / "fl" / "checkpoints" / f"step_{int(step[0].split()[3].rstrip(';')):07d}").is_dir()

@@ -102,12 +102,16 @@ class FGRPOConfig:
     eps: float = 1e-3
     server_lr: float = 1.0
     backend: Literal["inprocess", "flower"] = "inprocess"
+    round_timeout_s: float = 3600.0
+    """backend=flower: a client that has not answered a message (a round, an eval, a state query) within this many
+    seconds is counted as failed for it; 0 waits forever. If no client answers a round, the run stops."""
 
     def __post_init__(self) -> None:
         rules = [("clients", len(self.clients) >= 1, "at least one client"), ("local_steps", self.local_steps >= 1,
                  ">= 1"), ("score_problems", self.score_problems >= 1, ">= 1"), ("mu", 0 <= self.mu < 1, "in [0, 1)"),
                  ("temperature", self.temperature > 0, "> 0"), ("floor", 0 <= self.floor <= 1, "in [0, 1]"),
-                 ("eps", self.eps >= 0, ">= 0"), ("server_lr", self.server_lr > 0, "> 0")]
+                 ("eps", self.eps >= 0, ">= 0"), ("server_lr", self.server_lr > 0, "> 0"),
+                 ("round_timeout_s", self.round_timeout_s >= 0, ">= 0 (0: no timeout)")]
         for key, ok, allowed in rules:
             if not ok:
                 raise ValueError(f"{key}={getattr(self, key)!r}: allowed {allowed}")
@@ -308,7 +312,8 @@ class InProcess:
 
     def load_states(self, states: list[dict[str, Any]]) -> None:
         for c, s in zip(self.clients, states):
-            c.load_state_dict(s)
+            if s is not None:  # None: a Flower client that failed before its state was ever saved
+                c.load_state_dict(s)
 
 
 # ------------------------------------------------------------------------------------------ the loop
@@ -349,7 +354,8 @@ class Loop:
     on_round: Callable[[int], None] | None = None  # a test hook (after each round's save)
 
     def evaluate(self, fed, step: int, tag: str) -> dict[str, float]:
-        m = eval_metrics(fed.evaluate(self.state.weights))
+        per_client = fed.evaluate(self.state.weights)  # Flower: the clients that answered
+        m = {**eval_metrics(per_client), "eval/clients": float(len(per_client))}
         assert self.session.logger is not None
         self.session.logger.log(step, m)
         self.session.progress.note(f"[{tag}] step {step}: macro mean@k {m.get('eval/macro_mean_at_k', 0):.3f}  "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from groupwise.drivers import fgrpo
+from groupwise.registry import RunStopped
 
 _CLIENTS: dict[tuple[str, int], fgrpo.Client] = {}
 _LOCK = threading.Lock()
@@ -105,22 +107,63 @@ def client_app(run, cfg, model_path: str | None):
     return app
 
 
-class FlowerFederation:
-    """``fgrpo.InProcess``'s interface over a Flower ``Grid``: each call is one message to every client."""
+def content(reply) -> Any | None:
+    """A reply's content, or None for a failed client: an error reply (the ClientApp raised, or its process
+    died), a reply without content, or no reply within the round timeout (a hung client)."""
+    return reply.content if reply is not None and not reply.has_error() and reply.has_content() else None
 
-    def __init__(self, grid, n: int, timeout_s: float = 120.0):
-        self.grid, self.n = grid, n
-        deadline = time.monotonic() + timeout_s
+
+def restart_actors() -> int:
+    """Kill the simulation's client actors (``ClientAppActor``); Ray restarts them (the pool asks for
+    ``max_restarts=-1``), so the next message runs on a fresh process instead of queueing behind a hung call
+    forever. Uses Ray's GCS actor table (``ray._private.state``: the public state API needs the dashboard, which
+    the simulation does not start). Returns how many were killed."""
+    from ray._private import state
+
+    killed = 0
+    for info in state.actors().values():
+        if info["ActorClassName"].endswith("ClientAppActor") and info["State"] == "ALIVE" and info["Pid"]:
+            try:
+                os.kill(info["Pid"], signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def reason(reply) -> str:
+    if reply is None:
+        return "no reply within driver.round_timeout_s"
+    return reply.error.reason if reply.has_error() else "a reply without content"
+
+
+class FlowerFederation:
+    """``fgrpo.InProcess``'s interface over a Flower ``Grid``: each call is one message to every client.
+
+    A client that fails (raises, its process dies, or it does not answer within ``timeout_s``: then the actor it
+    holds is killed and Ray restarts it) is left out of that call: a failed round for it (counted by the
+    server), a missing entry in that eval (``eval/clients`` says how many answered), and its last state received
+    in a checkpoint. A restarted process rebuilds its clients' pipelines; they get the global weights each round,
+    so what is lost is their optimizer state. If no client answers a round at all, the federation is down: one
+    line, and the run stops (its last checkpoint is kept).
+    """
+
+    def __init__(self, grid, n: int, timeout_s: float | None = None, start_timeout_s: float = 600.0):
+        self.grid, self.n, self.timeout_s = grid, n, timeout_s
+        self.last_states: list[dict[str, Any] | None] = [None] * n
+        deadline = time.monotonic() + start_timeout_s
         nodes: list[int] = []
         while len(nodes) < n:  # the simulated SuperNodes register asynchronously
             if time.monotonic() > deadline:
-                raise RuntimeError(f"flower: {len(nodes)} of {n} SuperNodes registered within {timeout_s:.0f}s")
+                raise RuntimeError(f"flower: {len(nodes)} of {n} SuperNodes registered within "
+                                   f"{start_timeout_s:.0f}s")
             time.sleep(0.1)
             nodes = list(grid.get_node_ids())
-        replies = self.send({node: self.config(op="hello") for node in nodes}, "query")
-        failed = [r.error.reason for r in replies.values() if r.has_error()]
-        if failed:
-            raise RuntimeError(f"flower: a client could not start: {failed[0]}")
+        # the clients build their pipelines on this first message: it waits for the start timeout, not a round's
+        replies = self.send({node: self.config(op="hello") for node in nodes}, "query", timeout_s=start_timeout_s)
+        failed = [reason(r) for r in replies.values() if content(r) is None]
+        if failed or len(replies) < n:
+            raise RuntimeError(f"flower: a client could not start: {failed[0] if failed else 'no reply'}")
         self.node = {int(r.content["config"]["partition"]): node for node, r in replies.items()}
 
     @staticmethod
@@ -129,43 +172,61 @@ class FlowerFederation:
 
         return RecordDict({"config": ConfigRecord(kw)})
 
-    def send(self, contents: dict[int, Any], kind: str) -> dict[int, Any]:
-        """One message per node; replies by node, in the nodes' order."""
+    def send(self, contents: dict[int, Any], kind: str, timeout_s: float | None = None) -> dict[int, Any]:
+        """One message per node; replies by node, in the nodes' order (a node without a reply is absent)."""
         from flwr.app import Message
 
         msgs = [Message(content, dst_node_id=node, message_type=kind) for node, content in contents.items()]
-        by_node = {r.metadata.src_node_id: r for r in self.grid.send_and_receive(msgs)}
+        replies = self.grid.send_and_receive(msgs, timeout=timeout_s or self.timeout_s)
+        by_node = {r.metadata.src_node_id: r for r in replies}
         return {node: by_node[node] for node in contents if node in by_node}
+
+    def each(self, contents: dict[int, Any], kind: str) -> dict[int, Any]:
+        """``send`` to client k's node for each k in ``contents``; the reply per client k (None if it failed).
+        A client that did not answer in time holds the simulation's actor: it is restarted (``restart_actors``)."""
+        replies = self.send({self.node[k]: c for k, c in contents.items()}, kind)
+        out = {k: replies.get(self.node[k]) for k in contents}
+        if any(r is None for r in out.values()):
+            restart_actors()
+        return out
 
     def train(self, weights: fgrpo.Weights, rnd: int) -> dict[int, fgrpo.ClientResult | BaseException]:
         from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-        content = RecordDict({"arrays": ArrayRecord(weights), "config": ConfigRecord({"round": rnd})})
-        replies = self.send({self.node[k]: content for k in range(self.n)}, "train")
+        msg = RecordDict({"arrays": ArrayRecord(weights), "config": ConfigRecord({"round": rnd})})
+        replies = self.each(dict.fromkeys(range(self.n), msg), "train")
+        if all(r is None for r in replies.values()):
+            raise RunStopped(f"flower: no client answered round {rnd} within driver.round_timeout_s="
+                               f"{self.timeout_s}s (all {self.n} hung or gone); the run stops at its last "
+                               "checkpoint: resume with --resume")
         out: dict[int, fgrpo.ClientResult | BaseException] = {}
-        for k in range(self.n):
-            r = replies.get(self.node[k])
-            if r is None or r.has_error():
-                out[k] = RuntimeError(f"client {k}: " + (r.error.reason if r is not None else "no reply"))
+        for k, r in replies.items():
+            c = content(r)
+            if c is None:
+                out[k] = RuntimeError(f"client {k}: {reason(r)}")
                 continue
-            m = dict(r.content["metrics"])
+            m = dict(c["metrics"])
             score = m.pop("fgrpo/score")
-            out[k] = fgrpo.ClientResult(dict(r.content["arrays"].to_torch_state_dict()), score, m)
+            out[k] = fgrpo.ClientResult(dict(c["arrays"].to_torch_state_dict()), score, m)
         return out
 
     def evaluate(self, weights: fgrpo.Weights) -> dict[int, dict[str, float]]:
         from flwr.app import ArrayRecord, RecordDict
 
-        replies = self.send({self.node[k]: RecordDict({"arrays": ArrayRecord(weights)}) for k in range(self.n)},
-                            "evaluate")
-        return {k: dict(replies[self.node[k]].content["metrics"]) for k in range(self.n)}
+        replies = self.each(dict.fromkeys(range(self.n), RecordDict({"arrays": ArrayRecord(weights)})), "evaluate")
+        return {k: dict(c["metrics"]) for k, r in replies.items() if (c := content(r)) is not None}
 
-    def states(self) -> list[dict[str, Any]]:
-        replies = self.send({self.node[k]: self.config(op="get_state") for k in range(self.n)}, "query")
-        return [from_bytes(replies[self.node[k]].content["config"]["state"]) for k in range(self.n)]
+    def states(self) -> list[dict[str, Any] | None]:
+        """Every client's state; a failed client's is its last one received (None if never)."""
+        replies = self.each({k: self.config(op="get_state") for k in range(self.n)}, "query")
+        for k, r in replies.items():
+            if (c := content(r)) is not None:
+                self.last_states[k] = from_bytes(c["config"]["state"])
+        return list(self.last_states)
 
-    def load_states(self, states: list[dict[str, Any]]) -> None:
-        self.send({self.node[k]: self.config(op="set_state", state=to_bytes(s)) for k, s in enumerate(states)},
+    def load_states(self, states: list[dict[str, Any] | None]) -> None:
+        self.last_states = list(states)
+        self.each({k: self.config(op="set_state", state=to_bytes(s)) for k, s in enumerate(states) if s is not None},
                   "query")
 
 
@@ -183,15 +244,19 @@ def run(loop: fgrpo.Loop, states: list | None, model_path: str | None) -> dict[s
     @server.main()
     def main(grid: Grid, ctx: Context) -> None:
         try:
-            fed = FlowerFederation(grid, n)
+            fed = FlowerFederation(grid, n, loop.cfg.round_timeout_s or None)
             if states is not None:
                 fed.load_states(states)
             holder["result"] = loop(fed)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller, after the simulation shut down
             holder["error"] = e
 
-    run_simulation(server, client_app(loop.run, loop.cfg, model_path), num_supernodes=n,
-                   backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 1}})
+    # the loop runs in the ServerApp's thread, where signals cannot be caught: this (main) thread takes Ctrl-C /
+    # SIGTERM for it, and the loop sees ``session.stopping`` after its round, saves and stops
+    with loop.session.signals():
+        run_simulation(server, client_app(loop.run, loop.cfg, model_path), num_supernodes=n,
+                       backend_config={"client_resources": {"num_cpus": 1, "max_restarts": -1},
+                                       "init_args": {"num_cpus": 1}})
     if "error" in holder:
         raise holder["error"]
     if "result" not in holder:

@@ -41,6 +41,7 @@ import atexit
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import threading
 import uuid
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from groupwise.registry import ConfigError
+from groupwise.registry import ConfigError, RunStopped
 from groupwise.types import Group, Problem
 
 if TYPE_CHECKING:
@@ -214,6 +215,55 @@ _IDLE: dict[str, list[Any]] = {}
 fresh actor costs a process start and the torch / transformers imports)."""
 
 
+def kept(run_dir) -> str:
+    from groupwise import checkpoint
+
+    last = checkpoint.latest(run_dir)
+    return f"the run keeps {last}" if last is not None else "no checkpoint was saved yet"
+
+
+SENTINEL = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the whole group: the driver decides
+driver, raylet, line = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+while os.getppid() == driver and alive(driver):
+    if not alive(raylet):
+        print(line, file=sys.stderr, flush=True)
+        break
+    time.sleep(0.1)
+"""
+
+
+def watch_raylet(run_dir) -> tuple[Any, Any]:
+    """Say in one line when the Ray node this process started dies (its raylet killed, or OOM). Ray's core worker
+    may then end this process at once, exit 1, with nothing on stderr but Ray's own log dump (otherwise the next
+    shard fails: ``RayWorkers.stopped``). No thread of this process can be sure to speak first, so a small
+    sentinel process (``SENTINEL``, Linux ``/proc``) watches the raylet and prints the line; it leaves when this
+    process does, and is stopped before a planned shutdown. Returns (the raylet's ``Popen``, the sentinel's), None
+    where unknown (Ray's private node handle, or no ``/proc``)."""
+    try:
+        import ray
+
+        raylet = ray._private.worker._global_node.all_processes["raylet"][0].process
+    except (AttributeError, KeyError, IndexError):
+        return None, None
+    if not os.path.isdir(f"/proc/{raylet.pid}"):
+        return raylet, None
+    line = (f"groupwise: rollout.workers: the Ray node died (raylet pid {raylet.pid}); the run keeps its last "
+            f"checkpoint in {run_dir}/checkpoints: resume with --resume")
+    sentinel = subprocess.Popen([sys.executable, "-c", SENTINEL, str(os.getpid()), str(raylet.pid), line],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return raylet, sentinel
+
+
 def actor_class() -> Any:
     """``Worker`` as a Ray actor: restarted when it dies (``max_restarts=-1``) and the call it was running
     rerun on it (the same shard, seeds and weights), at most ``MAX_TRIES`` times."""
@@ -241,6 +291,8 @@ class RayWorkers:
         self.actors: list[Any] = []  # started with the first shard: building a pipeline starts no process
         self.pids: list[int] = []  # each actor's process id: a result from another one is a restart
         self.owns, self.job = False, ""
+        self.raylet: Any = None  # the Ray node's raylet process, when this runner started Ray
+        self.sentinel: Any = None  # watches it (``watch_raylet``); stopped before a planned shutdown
 
     def _start(self) -> None:
         from groupwise.config import to_dict
@@ -255,6 +307,8 @@ class RayWorkers:
             ray.init(num_cpus=n, include_dashboard=False, logging_level="ERROR", log_to_driver=True)
         if threading.current_thread() is threading.main_thread() and term is not None:
             signal.signal(signal.SIGTERM, term)
+        if self.owns:
+            self.raylet, self.sentinel = watch_raylet(self.p.cfg.run_dir)
         self.job = ray.get_runtime_context().get_job_id()
         idle = _IDLE.setdefault(self.job, [])
         env, threads, cpus = {k: os.environ[k] for k in ENV if k in os.environ}, torch.get_num_threads(), os.cpu_count()
@@ -264,7 +318,10 @@ class RayWorkers:
                   file=sys.stderr, flush=True)
         self.setup = (uuid.uuid4().hex, (to_dict(self.p.cfg), threads, env))
         self.actors = [idle.pop() if idle else actor_class().remote(self.setup) for _ in range(n)]
-        self.pids = ray.get([a.pid.remote() for a in self.actors])
+        try:
+            self.pids = ray.get([a.pid.remote() for a in self.actors])
+        except ray.exceptions.RayActorError as e:
+            raise self.stopped("starting the workers", "a worker died", e) from None
         atexit.register(self.close)
 
     def __call__(self, problems: list[Problem], step: int, draws: dict) -> list[Group]:
@@ -289,9 +346,17 @@ class RayWorkers:
             try:
                 done[i] = self._absorb(self.ray.get(ref), k, step, draws)
             except self.ray.exceptions.RayActorError as e:  # Ray restarted it and reran the shard MAX_TRIES times
-                raise RuntimeError(f"step {step}: rollout shard {i}'s worker died {MAX_TRIES} times; last: "
-                                   f"{str(e).strip().splitlines()[0][:200]}") from None
+                raise self.stopped(f"step {step}", f"rollout shard {i}'s worker died {MAX_TRIES} times", e) from None
         return interleave([done[i] for i in sorted(done)])
+
+    def stopped(self, where: str, what: str, e: BaseException) -> RunStopped:
+        """The one line a run stops with when its workers are gone: the Ray node itself died, or ``what`` (a
+        worker that kept dying: Ray's first line of the last error), and the checkpoint the run keeps."""
+        if self.raylet is not None and self.raylet.poll() is not None:
+            what = f"the Ray node died (raylet exited {self.raylet.returncode})"
+        else:
+            what = f"{what}; last: {str(e).strip().splitlines()[0][:200]}"
+        return RunStopped(f"rollout.workers: {where}: {what}; {kept(self.p.cfg.run_dir)}: resume with --resume")
 
     def _absorb(self, r: ShardResult, k: int, step: int, draws: dict) -> list[Group]:
         """Merge a shard's counters into the driver's: seed counts, generator counts, reward failures, and a
@@ -315,6 +380,10 @@ class RayWorkers:
     def close(self) -> None:
         """Stop Ray when this runner started it (also at exit: no process is left behind); in a Ray session
         someone else started, the actors stay up for the next run (``_IDLE``)."""
+        if self.sentinel is not None:
+            self.sentinel.kill()
+            self.sentinel.wait()
+            self.sentinel = None
         if self.owns and self.ray.is_initialized():
             self.ray.shutdown()
             _IDLE.pop(self.job, None)

@@ -197,3 +197,49 @@ def test_sigterm_on_a_run_with_workers_stops_after_the_step_and_saves(tmp_path):
     assert "interrupted: saved step" in out + err, (proc.returncode, out[-1000:], err[-2000:])
     step = max(json.loads(x)["step"] for x in log.read_text().splitlines())
     assert (tmp_path / "r" / "checkpoints" / f"step_{step:07d}").is_dir()
+
+
+def test_a_killed_ray_node_stops_the_run_in_one_line(tmp_path):
+    """Issue 31: with the raylet killed, a run with workers ended with exit 1 and no message of its own (Ray's core
+    worker ended the process), or with a traceback through the shard loop. Now a line says the Ray node died and
+    which checkpoint the run keeps, either way."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    pytest.importorskip("ray")
+    src = str(Path(__file__).parents[3] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\n")
+    cmd = [sys.executable, "-m", "groupwise.cli", "train", str(recipe), *ARGS, "rollout.shards=1", "rollout.workers=1",
+           "trainer.steps=200", "trainer.save_every=1", "trainer.progress=false", "trainer.sinks=[jsonl]",
+           "eval.before=false", "eval.after=false", f"out_dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    log, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 240
+    while proc.poll() is None and time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and Path(f"/proc/{p}/stat").exists()]
+    raylet = []
+    for pid in children:
+        try:
+            stat, cmdline = Path(f"/proc/{pid}/stat").read_text(), Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == proc.pid and b"raylet" in cmdline.split(b"\0")[0]:
+            raylet.append(pid)
+    assert len(raylet) == 1, raylet
+    os.kill(raylet[0], signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("no exit within 120 s of the raylet's death") from None
+    assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
+    said = [line for line in err.splitlines() if "rollout.workers:" in line and "the Ray node died" in line]
+    assert said and "resume with --resume" in said[0], err[-3000:]
+    assert any((tmp_path / "r" / "checkpoints").glob("step_*")), "save_every=1: a checkpoint is kept"
