@@ -147,6 +147,11 @@ class ToolsConfig:
     timeout_s: float = 5.0
     """Per turn: the turn's calls (run concurrently) must answer within this many seconds."""
     workers: int = 8
+    isolation: Literal["auto", "thread", "process"] = "auto"
+    """``thread``: calls run in daemon threads of this process (a call stuck in C code holding the GIL stalls
+    the run); ``process``: each of ``workers`` forked processes runs calls, one that overruns is killed;
+    ``auto``: ``process`` for a plug-in task's tool on Linux, ``thread`` for groupwise's own
+    (``groupwise/isolation.py``)."""
 
     def __post_init__(self) -> None:
         _rules(self, ("max_turns", lambda v: v >= 1, ">= 1"), ("turn_tokens", lambda v: v >= 1, ">= 1"),
@@ -198,9 +203,10 @@ class RewardConfig:
     term_timeout_s: float = 300.0
     """Per call of a reward term (one call scores the step's groups); a term over it adds nothing and is
     counted in ``reward/<term>_errors``; 0 disables it (SIGALRM, main thread only)."""
-    verifier_isolation: Literal["alarm", "process"] = "alarm"
+    verifier_isolation: Literal["auto", "alarm", "process"] = "auto"
     """``alarm``: verify in this process under SIGALRM (cannot interrupt C code); ``process``: in a forked
-    worker that is killed and replaced when it overruns (rewards/verifier.py)."""
+    worker that is killed and replaced when it overruns; ``auto``: ``process`` for a plug-in task's verifier on
+    Linux, ``alarm`` for groupwise's own tasks (``groupwise/isolation.py``)."""
     fail_fast: bool = True
     """Stop the run after a step in which a reward term failed on every sample (it raised, timed out or
     returned no usable number each time: e.g. a conversational reward function on plain-text prompts), in one

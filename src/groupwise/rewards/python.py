@@ -17,6 +17,10 @@ name (``reward/score``) unless ``label`` is set.
 Failures never kill the run: if the batch call raises, each sample is retried alone and the ones that still
 raise get None and are counted (``reward/<label>_errors``, first one printed with the sample); a call over
 ``timeout_s`` counts every sample of the call (no per-sample retry, so a hanging function costs one timeout).
+On Linux a function named by reference runs in a forked worker process by default (``isolation: auto``;
+``groupwise/isolation.py``; a callable passed from Python stays in this process):
+a call stuck in C code is killed at ``timeout_s`` and ``os._exit`` ends only the worker (a new one is forked);
+the arguments and values cross a pipe (pickled), and ``log_metric`` calls come back with the values.
 The ``function`` is ``path/to/file.py:name`` (relative to the working directory), ``package.module:name``, or
 a callable (Python API); it is imported when the config loads, so a typo fails at once.
 """
@@ -24,11 +28,14 @@ a callable (Python API); it is imported when the config loads, so a typo fails a
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from groupwise import plugins
+from groupwise.isolation import CAN_FORK, Forked
 from groupwise.rewards import REWARDS
 from groupwise.rewards.stage import SampleErrors, VerifierTimeout, call_with_timeout
 from groupwise.types import Group, Problem, Sample
@@ -41,7 +48,13 @@ class PythonRewardConfig:
     label: str = ""
     """The metric name (``reward/<label>``); empty: the function's ``__name__``."""
     timeout_s: float = 60.0
-    """Per call (the batch, or one sample in a retry); 0 disables it (SIGALRM, main thread only)."""
+    """Per call (the batch, or one sample in a retry); 0 disables it (under ``alarm``: main thread only)."""
+    isolation: Literal["auto", "alarm", "process"] = "auto"
+    """Where the function runs (``groupwise/isolation.py``): ``alarm`` in this process under SIGALRM (C code is not
+    interrupted); ``process`` in a forked worker, killed and replaced when a call overruns (state the function
+    keeps lives in the worker); ``auto``: ``process`` for a function named by reference (``file.py:f``,
+    ``module:f``) on Linux, ``alarm`` for a callable passed from Python (the API, a notebook: its side effects
+    stay visible) and elsewhere."""
 
     def __post_init__(self) -> None:
         if self.function is None or self.function == "":
@@ -51,6 +64,8 @@ class PythonRewardConfig:
         plugins.load_callable(self.function)  # fails at load, naming the reference
         if self.timeout_s < 0:
             raise ValueError(f"timeout_s={self.timeout_s}: must be >= 0 (0 disables the timeout)")
+        if self.isolation == "process" and not CAN_FORK:
+            raise ValueError(f"isolation=process: needs fork (Linux), this is {sys.platform}; allowed here: alarm, auto")
 
     def name(self) -> str:
         if self.label:
@@ -72,22 +87,37 @@ def columns(p: Problem) -> dict[str, Any]:
     return {**base, **p.meta.get("columns", {})}
 
 
+def invoke(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, list[float]]]:
+    """One call of the user function (here, or in the forked worker): its values and the metrics it logged."""
+    logged: dict[str, list[float]] = {}
+    out = fn(**kwargs, log_metric=lambda name, value: logged.setdefault(name, []).append(float(value)),
+             log_extra=lambda column, values: None)
+    return list(out), logged
+
+
 class PythonReward:
     def __init__(self, fn: Callable[..., Any], cfg: PythonRewardConfig, max_steps: int):
         self.fn, self.cfg, self.max_steps = fn, cfg, max_steps
         self._step: int | None = None
         self._logged: dict[str, list[float]] = {}
+        # auto: a function named by reference runs forked; a callable passed from Python stays here (its side effects,
+        # a closure's list, a logger, stay visible to the caller)
+        process = cfg.isolation == "process" or (cfg.isolation == "auto" and CAN_FORK and isinstance(cfg.function, str))
+        self.forked = Forked(functools.partial(invoke, fn), cfg.timeout_s, "reward function") if process else None
 
     def _call(self, rows: list[tuple[Problem, Sample]], step: int) -> list[Any]:
         cols = [columns(p) for p, _ in rows]
         keys = sorted({k for c in cols for k in c})
         kwargs = {k: [c.get(k) for c in cols] for k in keys}
-        out = call_with_timeout(lambda: self.fn(
-            prompts=[prompt_value(p) for p, _ in rows], completions=[completion_value(p, s) for p, s in rows],
-            completion_ids=[s.completion_ids.tolist() for _, s in rows],
-            trainer_state=types.SimpleNamespace(global_step=step, max_steps=self.max_steps),
-            log_metric=self._log_metric, log_extra=lambda column, values: None, **kwargs), self.cfg.timeout_s)
-        out = list(out)
+        kwargs.update(prompts=[prompt_value(p) for p, _ in rows], completions=[completion_value(p, s) for p, s in rows],
+                      completion_ids=[s.completion_ids.tolist() for _, s in rows],
+                      trainer_state=types.SimpleNamespace(global_step=step, max_steps=self.max_steps))
+        if self.forked is not None:
+            out, logged = self.forked(kwargs)
+        else:
+            out, logged = call_with_timeout(lambda: invoke(self.fn, kwargs), self.cfg.timeout_s)
+        for name, values in logged.items():
+            self._logged.setdefault(name, []).extend(values)
         if len(out) != len(rows):
             raise ValueError(f"returned {len(out)} rewards for {len(rows)} completions (one per completion)")
         return out
@@ -115,9 +145,6 @@ class PythonReward:
         if errors:
             raise SampleErrors(values, errors)
         return values
-
-    def _log_metric(self, name: str, value: float) -> None:
-        self._logged.setdefault(name, []).append(float(value))
 
     def metrics(self) -> dict[str, float]:
         label = self.cfg.name()

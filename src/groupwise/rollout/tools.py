@@ -19,12 +19,15 @@ tokens keep the inner generator's sampling log-probs, and the training forward s
 the model saw (nothing is re-tokenised). A request's forced prefix (e.g. a think-mode token) is applied in
 the first turn.
 
-The calls of one turn run concurrently in daemon threads (``workers``), all bounded by ``timeout_s`` from the
-start of the turn's calls: a call that raises (or calls ``sys.exit``) reads
-``<result>error: <Type></result>``, one that times out ``<result>timeout</result>``, and the episode goes on
-(a hung call's thread is abandoned: never joined, not even when the process exits). A result is cut to
-``MAX_CHARS_PER_TOKEN x result_tokens`` characters before it is tokenised, so a 10 MB result costs what a
-short one does.
+The calls of one turn run concurrently (``workers`` at a time), all bounded by ``timeout_s`` from the start of
+the turn's calls: a call that raises (or calls ``sys.exit``) reads ``<result>error: <Type></result>``, one that
+times out ``<result>timeout</result>``, and the episode goes on. Where they run is ``isolation``
+(``groupwise/isolation.py``): ``process`` (the default for a plug-in task's tool on Linux) runs them in forked
+worker processes, and one over the deadline is killed, so a call stuck in C code (a regex) or ``os._exit``
+cannot stall or end the run; ``thread`` (groupwise's own tools) runs them in daemon threads, and a hung call's
+thread is abandoned (never joined, not even when the process exits), but one that holds the GIL in C code
+stalls the run. A result is cut to ``MAX_CHARS_PER_TOKEN x result_tokens`` characters before it is tokenised
+(in the worker, under ``process``), so a 10 MB result costs what a short one does.
 Per sample ``meta``: ``turns``, ``tool_calls``, ``tool_errors``, ``tool_timeouts``, ``tool_tokens`` (the loop
 reports their per-rollout means as ``rollout/turns``, ``rollout/tool_calls``, ... and ``rollout/tool_token_frac``;
 ``drivers/stats.py``).
@@ -33,15 +36,18 @@ reports their per-rollout means as ``rollout/turns``, ``rollout/tool_calls``, ..
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import queue
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing import connection
 
 import torch
 
 from groupwise.config import ToolsConfig
+from groupwise.isolation import Forked, resolve
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Generator, Request, SamplingParams, close, release
 from groupwise.types import Completion
@@ -77,6 +83,8 @@ class ToolLoop:
 
     def __init__(self, inner: Generator, tool: Callable[[str], str], tokenizer, cfg: ToolsConfig):
         self.inner, self.tool, self.tokenizer, self.cfg = inner, tool, tokenizer, cfg
+        process = resolve("alarm" if cfg.isolation == "thread" else cfg.isolation, tool) == "process"
+        self.pool: list[Forked] | None = [] if process else None  # forked on the first call (``_run_forked``)
         self.open_tag, self.close_tag = f"<{cfg.tool}>", f"</{cfg.tool}>"
         self.end_ids = tokenizer.encode("</result>", add_special_tokens=False)
 
@@ -87,6 +95,8 @@ class ToolLoop:
         release(self.inner)
 
     def close(self) -> None:
+        for worker in self.pool or []:
+            worker.close()
         close(self.inner)
 
     def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
@@ -137,6 +147,49 @@ class ToolLoop:
         """The turn's calls, concurrently, bounded by ``timeout_s`` from the start (see the module docstring)."""
         if not queries:
             return []
+        results = self._run_forked(queries) if self.pool is not None else self._run_threads(queries)
+        out = []
+        for e, r in zip(eps, results):
+            if r is None:
+                out.append("timeout")
+                e.meta["tool_timeouts"] += 1
+                continue
+            ok, value = r
+            out.append(str(value) if ok else f"error: {getattr(value, 'type_name', type(value).__name__)}")
+            e.meta["tool_errors"] += not ok
+        return out
+
+    def _run_forked(self, queries: list[str]) -> list[tuple[bool, object] | None]:
+        """``isolation: process``: up to ``workers`` forked processes take the calls in order; at the deadline the
+        ones still running are killed (a new process is forked for the next turn). None: a timeout."""
+        assert self.pool is not None
+        limit = MAX_CHARS_PER_TOKEN * self.cfg.result_tokens  # cut in the worker: a 10 MB result never crosses
+        while len(self.pool) < min(self.cfg.workers, len(queries)):
+            self.pool.append(Forked(functools.partial(call_cut, self.tool, limit), self.cfg.timeout_s, "tool"))
+        results: list[tuple[bool, object] | None] = [None] * len(queries)
+        todo, running, free = list(range(len(queries))), {}, list(range(len(self.pool)))
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while todo or running:
+            while todo and free:
+                k, i = free.pop(0), todo.pop(0)
+                self.pool[k].submit(queries[i])
+                running[self.pool[k].connection] = (k, i)
+            ready = connection.wait(list(running), timeout=max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                break
+            for conn in ready:
+                k, i = running.pop(conn)
+                free.append(k)
+                try:
+                    results[i] = (True, self.pool[k].result(0))
+                except Exception as err:  # noqa: BLE001  (a tool's failure, a dead worker included, is counted)
+                    results[i] = (False, err)
+        for k, _ in running.values():  # over the deadline: killed, a fresh worker next time
+            self.pool[k].close()
+        return results
+
+    def _run_threads(self, queries: list[str]) -> list[tuple[bool, object] | None]:
+        """``isolation: thread``: daemon threads (a hung call's thread is abandoned). None: a timeout."""
         jobs: queue.SimpleQueue = queue.SimpleQueue()
         for job in enumerate(queries):
             jobs.put(job)
@@ -159,17 +212,15 @@ class ToolLoop:
         for _ in range(min(self.cfg.workers, len(queries))):  # daemon: a hung call never holds the exit
             threading.Thread(target=worker, daemon=True, name="groupwise-tool").start()
         deadline = time.monotonic() + self.cfg.timeout_s
-        out = []
-        for i, e in enumerate(eps):
-            if not done[i].wait(max(deadline - time.monotonic(), 0.0)):
-                out.append("timeout")
-                e.meta["tool_timeouts"] += 1
-                continue
-            ok, value = results[i]
-            out.append(str(value) if ok else f"error: {type(value).__name__}")
-            e.meta["tool_errors"] += not ok
+        out = [results[i] if done[i].wait(max(deadline - time.monotonic(), 0.0)) else None
+               for i in range(len(queries))]
         over.set()
         return out
+
+
+def call_cut(tool: Callable[[str], object], limit: int, query: str) -> str:
+    """A tool call in a forked worker: its result as text, cut to ``limit`` characters before it is sent back."""
+    return str(tool(query))[:limit]
 
 
 def wrap(inner: Generator, cfg: ToolsConfig, task, tokenizer) -> ToolLoop:

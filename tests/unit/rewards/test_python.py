@@ -1,4 +1,6 @@
 import math
+import os
+import re
 import time
 from pathlib import Path
 
@@ -7,6 +9,7 @@ import torch
 from support import reward_stage
 
 from groupwise.config import load, to_dict
+from groupwise.isolation import CAN_FORK
 from groupwise.registry import ConfigError
 from groupwise.types import Group, Problem, Sample
 
@@ -43,6 +46,18 @@ def flaky(prompts, completions, **kwargs):
 
 def sleepy(prompts, completions, **kwargs):
     time.sleep(3)
+    return [1.0] * len(completions)
+
+
+def c_loop(prompts, completions, **kwargs):
+    if "stuck" in completions:  # catastrophic backtracking inside the C regex engine: SIGALRM cannot stop it
+        re.match(r"(a+)+$", "a" * 40 + "b")
+    return [1.0] * len(completions)
+
+
+def hard_exit(prompts, completions, **kwargs):
+    if "die" in completions:
+        os._exit(3)
     return [1.0] * len(completions)
 
 
@@ -102,6 +117,22 @@ def test_a_timeout_counts_every_sample_of_the_call_and_does_not_retry():
     stage([g], 0)
     assert time.time() - t0 < 1.5 and [s.reward for s in g.samples] == [0.0, 0.0]
     assert stage.metrics() == {"reward/sleepy_errors": 2.0}
+
+
+@pytest.mark.skipif(not CAN_FORK, reason="process isolation needs fork (Linux)")
+def test_a_referenced_function_runs_forked_c_loops_and_exits_are_counted():
+    """Issue 31: a reward function stuck in C code hung the run under SIGALRM, and ``os._exit`` ended it. By
+    default (``isolation: auto``) a function named by reference runs in a forked worker: both are counted."""
+    stage = reward_stage(Task(), term("c_loop", timeout_s=2))
+    g = Group(Problem("p", "q", "x"), [sample("a"), sample("stuck")])
+    t0 = time.time()
+    stage([g], 0)
+    assert time.time() - t0 < 8 and [s.reward for s in g.samples] == [0.0, 0.0]
+    assert stage.metrics() == {"reward/c_loop_errors": 2.0}  # a timeout counts the call's samples
+    stage = reward_stage(Task(), term("hard_exit"))
+    g = Group(Problem("p", "q", "x"), [sample("a"), sample("die")])
+    stage([g], 0)  # the batch call dies; each sample is retried alone: one more death, one value
+    assert [s.reward for s in g.samples] == [1.0, 0.0] and stage.metrics() == {"reward/hard_exit_errors": 1.0}
 
 
 def test_log_metric_and_label():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from groupwise.rewards.stage import RewardStage
-from groupwise.rewards.verifier import ProcessVerifier, VerifierFailed, VerifierTimeout, make_verifier
+from groupwise.rewards.verifier import VerifierFailed, VerifierTimeout, make_verifier
 from groupwise.types import Group, Problem, Sample
 
 
@@ -20,6 +20,8 @@ class Task:
             os._exit(3)
         if text == "boom":
             raise ValueError("bad input\nsecond line")
+        if text == "sys.exit":
+            raise SystemExit(3)
         return text == problem.answer
 
 
@@ -30,24 +32,26 @@ def sample(text):
 
 
 def test_a_verifier_stuck_in_c_code_is_killed_and_the_next_call_works():
-    v = ProcessVerifier(Task(), timeout_s=0.5)
+    v = make_verifier(Task(), 2.0, "process")  # 2 s: a fork on a loaded 2-core machine can take a while
     p = Problem("p", "q", "7")
     assert v(p, "7") is True and v(p, "3") is False
     t0 = time.time()
     with pytest.raises(VerifierTimeout, match="process was killed"):
         v(p, "c-loop")
-    assert time.time() - t0 < 3 and v.restarts == 1
+    assert time.time() - t0 < 6 and v.restarts == 1
     assert v(p, "7") is True  # a fresh worker
     v.close()
 
 
 def test_exit_and_exceptions_in_the_worker_are_failures_not_crashes():
-    v = ProcessVerifier(Task(), timeout_s=5.0)
+    v = make_verifier(Task(), 5.0, "process")
     p = Problem("p", "q", "7")
     with pytest.raises(VerifierFailed, match="process died"):
         v(p, "exit")
-    with pytest.raises(VerifierFailed, match=r"^ValueError: bad input$"):
+    with pytest.raises(ValueError, match=r"^bad input\nsecond line$"):  # the exception itself, as in-process
         v(p, "boom")
+    with pytest.raises(VerifierFailed, match=r"^SystemExit: 3$"):  # never a SystemExit in the trainer
+        v(p, "sys.exit")
     assert v(p, "7") is True
     v.close()
 
@@ -86,7 +90,7 @@ def test_transforms_check_answers_through_the_bounded_verifier():
 
 TRAINER = """
 import signal, sys, time
-from groupwise.rewards.verifier import ProcessVerifier
+from groupwise.rewards.verifier import make_verifier
 from groupwise.types import Problem
 
 class Task:
@@ -94,7 +98,7 @@ class Task:
         return text == problem.answer
 
 signal.signal(signal.SIGTERM, lambda *a: None)  # as the training session does while it runs
-vs = [ProcessVerifier(Task(), 5.0) for _ in range(2)]  # the second worker inherits the first one's pipe
+vs = [make_verifier(Task(), 5.0, "process") for _ in range(2)]  # the second worker inherits the first one's pipe
 assert all(v(Problem("p", "q", "7"), "7") for v in vs)
 print(" ".join(str(v._proc.pid) for v in vs), flush=True)
 if sys.argv[1] == "hang":
@@ -126,3 +130,24 @@ def test_workers_end_with_the_trainer_even_under_its_sigterm_handler():
     while any(_alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)
+
+
+class PluginTask(Task):
+    pass
+
+
+def test_auto_isolates_a_plug_in_tasks_verifier_and_not_groupwises_own():
+    """Issue 31: a C-level loop in a user's verifier hung the run under the old default (alarm). ``auto`` (the
+    default) forks for a verifier defined outside groupwise (Linux), and keeps groupwise's own in-process."""
+    from groupwise.isolation import CAN_FORK, Forked
+    from groupwise.tasks.lab import Lab
+
+    v = make_verifier(PluginTask(), 2.0, "auto")
+    assert isinstance(v, Forked) == CAN_FORK
+    if CAN_FORK:
+        t0 = time.monotonic()
+        with pytest.raises(VerifierTimeout):
+            v(Problem("p", "q", "7"), "c-loop")
+        assert time.monotonic() - t0 < 6
+        v.close()
+    assert not isinstance(make_verifier(Lab.__new__(Lab), 0.5, "auto"), Forked)

@@ -13,6 +13,7 @@ import torch
 from groupwise.config import ToolsConfig, load
 from groupwise.drivers.setup import build
 from groupwise.drivers.stats import group_metrics
+from groupwise.isolation import CAN_FORK
 from groupwise.models.tiny import build_tokenizer
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Request, SamplingParams, to_sample
@@ -172,3 +173,37 @@ def test_metrics_and_load_time_errors():
         build(load(None, ["rollout.tools={}", "model.warm_start=false"]))
     with pytest.raises(ConfigError, match=r"rollout.tools: timeout_s=0.0: allowed > 0"):
         load(None, ["rollout.tools.timeout_s=0"])
+
+
+@pytest.mark.skipif(not CAN_FORK, reason="process isolation needs fork (Linux)")
+def test_a_tool_stuck_in_c_code_or_exiting_is_killed_counted_and_the_run_goes_on():
+    """Issue 31: a tool stuck in C code (a catastrophic regex holds the GIL) never finished its step under threads.
+    By default (``isolation: auto``) a plug-in's tool runs in forked workers: killed at the deadline, counted."""
+    import os
+    import re
+
+    def stuck(q):
+        return re.match(r"(a+)+$", "a" * 40 + "b") if q == "loop" else os._exit(3) if q == "die" else "ok"
+
+    tl, _ = loop([["<search>loop</search>", "<search>die</search>", "<search>a</search>"],
+                  "<answer>x</answer><eos>"], tool=stuck, timeout_s=2.0)
+    assert tl.pool is not None  # a function from outside groupwise: forked
+    t0 = time.monotonic()
+    c1, c2, c3 = tl.generate([Request(PROMPT)] * 3, PARAMS, torch.Generator())
+    assert time.monotonic() - t0 < 10
+    assert "<result>timeout</result>" in TOK.decode(c1.completion_ids.tolist()) and c1.meta["tool_timeouts"] == 1
+    assert "<result>error: VerifierFailed</result>" in TOK.decode(c2.completion_ids.tolist())  # the worker died
+    assert "<result>ok</result>" in TOK.decode(c3.completion_ids.tolist())
+    tl.inner.turn = 2  # a second rollout: the killed worker is replaced by a fresh one
+    tl.inner.script.append("<search>a</search>")
+    tl.inner.script.append("<answer>y</answer><eos>")
+    (c,) = tl.generate([Request(PROMPT)], PARAMS, torch.Generator())
+    assert "<result>ok</result><answer>y</answer>" in TOK.decode(c.completion_ids.tolist())
+    tl.close()
+
+
+def test_groupwises_own_tool_runs_in_threads_by_default():
+    from groupwise.tasks.search import Search
+
+    assert ToolLoop(Scripted([]), Search.search, TOK, ToolsConfig()).pool is None
+    assert ToolLoop(Scripted([]), Search.search, TOK, ToolsConfig(isolation="process")).pool == []
