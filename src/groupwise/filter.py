@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from groupwise.registry import NoConfig, Registry
+from groupwise.registry import NoConfig, Registry, described, list_of
 from groupwise.types import Group
 
 
@@ -23,7 +23,14 @@ class Filter(Protocol):
                  refill: Callable[[int], list[Group]]) -> tuple[list[Group], dict[str, float]]: ...
 
 
-FILTERS = Registry("filter", Filter, "factory", ("cfg", "env"))
+def filter_contract(out: object, *_: object) -> str:
+    """What is wrong with a filter's output ("" when nothing)."""
+    if isinstance(out, tuple) and len(out) == 2 and list_of(out[0], Group) and isinstance(out[1], dict):
+        return ""
+    return f"returned {described(out)}; the contract is (a list of Groups, a dict of metrics)"
+
+
+FILTERS = Registry("filter", Filter, "factory", ("cfg", "env"), contract=filter_contract)
 
 
 def has_variance(group: Group) -> bool:

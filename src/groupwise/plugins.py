@@ -126,18 +126,31 @@ def guarded(entry: Any, cfg: Any, env: Any) -> Any:
 
 
 class Guarded:
-    """A factory-built plug-in whose calls are guarded; every other attribute is the plug-in's own."""
+    """A factory-built plug-in whose contracted calls are guarded (``__call__``, or the methods its kind's
+    contract names); every other attribute is the plug-in's own."""
 
     def __init__(self, entry: Any, inner: Any):
         self._entry, self._inner = entry, inner
+        self._contracts = entry.contract if isinstance(entry.contract, dict) else {"__call__": entry.contract}
 
     def __call__(self, *args: Any) -> Any:
-        return _checked(self._entry, _call(self._entry, "", self._inner, *args), args)
+        return self._guard("__call__", self._inner)(*args)
+
+    def _guard(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        contract = self._contracts.get(name)
+        if contract is None:
+            return fn
+
+        def guarded_call(*args: Any) -> Any:
+            out = _call(self._entry, f" in {name}()" if name != "__call__" else "", fn, *args)
+            return _checked(self._entry, out, args, contract, name)
+
+        return guarded_call
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("_entry", "_inner"):  # not set yet (copy / pickle): never recurse
+        if name in ("_entry", "_inner", "_contracts"):  # not set yet (copy / pickle): never recurse
             raise AttributeError(name)
-        return getattr(self._inner, name)
+        return self._guard(name, getattr(self._inner, name))
 
 
 def _call(entry: Any, when: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -154,10 +167,11 @@ def _call(entry: Any, when: str, fn: Callable[..., Any], *args: Any, **kwargs: A
         raise PluginError(f"{_name(entry)}: {why}") from e
 
 
-def _checked(entry: Any, out: Any, args: tuple) -> Any:
-    broken = entry.contract(out, *args)
+def _checked(entry: Any, out: Any, args: tuple, contract: Callable[..., str] | None = None,
+             method: str = "__call__") -> Any:
+    broken = (contract or entry.contract)(out, *args)
     if broken:
-        raise PluginError(f"{_name(entry)}: {broken}")
+        raise PluginError(f"{_name(entry)}: {method + '() ' if method != '__call__' else ''}{broken}")
     return out
 
 

@@ -41,6 +41,21 @@ class ConfigError(ValueError):
     """A bad recipe, override or component name. The message is one line naming the key and what is allowed."""
 
 
+def described(out: object) -> str:
+    """A returned value in a contract's message: ``a list of Problem, str``, ``a NoneType``."""
+    inner = {type(x).__name__ for x in out} if isinstance(out, (list, tuple)) else set()
+    return f"a {type(out).__name__}" + (f" of {', '.join(sorted(inner))}" if inner else "")
+
+
+def anything(*_: object) -> str:
+    """The contract of a method whose output is not checked: only its raises and exits are guarded."""
+    return ""
+
+
+def list_of(out: object, cls: type, n: int | None = None) -> bool:
+    return isinstance(out, list) and all(isinstance(x, cls) for x in out) and (n is None or len(out) == n)
+
+
 class RunStopped(RuntimeError):
     """A run that stopped on purpose (non-finite weights, a federation that stopped answering): the message is
     one line saying why and what was kept; the CLI prints it and exits 1."""
@@ -72,7 +87,7 @@ class Entry(Generic[T]):
     across calls that is neither checkpointed nor sent to a worker (the ``fake`` generator's row counter), or
     needs the driver's objects. ``stateful`` and ``reports`` members are refused there too: a worker's state
     would be lost with it and its metrics never reach the step's."""
-    contract: Callable[..., str] | None = None
+    contract: Callable[..., str] | dict[str, Callable[..., str]] | None = None
     """The kind's output contract (``Registry.contract``); a plug-in of such a kind is built guarded."""
     logprobs: bool = True
     """A generator's ``rollout_logprobs`` are its sampling distribution's (false: scripted values, e.g. the
@@ -127,13 +142,14 @@ class BuildEnv:
 class Registry(Generic[T]):
     """Members of one component kind. ``protocol`` is what a built member satisfies; ``params`` the names of
     the member's parameters (checked at registration, so a wrong signature fails at import time).
-    ``contract(output, *inputs) -> str`` says what is wrong with a call's output ("" when nothing): a plug-in
-    of a kind with a contract is built inside a guard (``plugins.guarded``) that checks every output once,
-    where the core receives it, and turns a raise, a ``sys.exit`` or a broken contract into one line naming
-    it."""
+    ``contract(output, *inputs) -> str`` says what is wrong with a call's output ("" when nothing); for a
+    factory-built kind it may be a dict naming the methods it checks (``{"next": ...}``; a plain function
+    checks ``__call__``). A plug-in of a kind with a contract is built inside a guard (``plugins.guarded``)
+    that checks every output once, where the core receives it, and turns a raise, a ``sys.exit`` or a broken
+    contract into one line naming it."""
 
     def __init__(self, kind: str, protocol: type, form: Literal["factory", "function"], params: tuple[str, ...],
-                 optional: bool = False, contract: Callable[..., str] | None = None):
+                 optional: bool = False, contract: Callable[..., str] | dict[str, Callable[..., str]] | None = None):
         self.kind, self.protocol, self.form, self.params = kind, protocol, form, params
         self.optional = optional  # a member may build to None (e.g. teacher 'none')
         self.contract = contract

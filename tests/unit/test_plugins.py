@@ -198,3 +198,105 @@ def test_a_wrong_shaped_plugin_advantage_stops_train_in_one_line(clean, tmp_path
     assert code == 2 and err == [f"error: advantage plug-in 'bad_adv' ({path}): returned shape (3,) "
                                  "(torch.float64) for 4 groups x 4 samples; the contract is a (groups, "
                                  "group_size) float tensor"]
+
+
+MORE = textwrap.dedent('''
+    import torch
+    from groupwise.filter import FILTERS
+    from groupwise.losses import LOSSES
+    from groupwise.replay import BUFFERS
+    from groupwise.rollout import GENERATORS
+    from groupwise.select import SELECTORS
+    from groupwise.teachers import TEACHERS
+    from groupwise.types import LossTerms
+
+    @SELECTORS.register("short_selector")
+    def short_selector(cfg, env):
+        class S:
+            def next(self, step, n, ctx=None):
+                return env[:n - 1]
+            def state_dict(self):
+                return {}
+        return S()
+
+    @BUFFERS.register("dict_buffer")
+    def dict_buffer(cfg, env):
+        class B:
+            def sample(self, step, ctx):
+                return {}
+            def add(self, groups, adv, step):
+                raise ValueError("full")
+        return B()
+
+    @FILTERS.register("list_filter")
+    def list_filter(cfg, env):
+        return lambda groups, target, refill: groups
+
+    @TEACHERS.register("none_teacher")
+    def none_teacher(cfg, env):
+        class T:
+            def score(self, samples, problems, want):
+                return None
+        return T()
+
+    @GENERATORS.register("short_generator")
+    def short_generator(cfg, env):
+        class G:
+            def generate(self, requests, params, rng):
+                return []
+        return G()
+
+    @LOSSES.register("row_loss")
+    def row_loss(inp, cfg):
+        return LossTerms(inp.logprobs.sum(-1))
+''')
+
+
+def test_every_kind_with_user_code_in_the_hot_path_checks_a_plugins_output(clean, tmp_path, monkeypatch):
+    """Issue 31: selectors, buffers, filters, teachers, generators and losses had no contract: a plug-in's wrong
+    output surfaced as a traceback far from it. Each now stops in one line naming the plug-in and the method."""
+    from groupwise.filter import FILTERS
+    from groupwise.losses import LOSSES
+    from groupwise.replay import BUFFERS
+    from groupwise.rollout import GENERATORS
+    from groupwise.select import SELECTORS
+    from groupwise.teachers import TEACHERS
+    from groupwise.types import LossInputs
+
+    for reg in (FILTERS, LOSSES, BUFFERS, GENERATORS, SELECTORS, TEACHERS):
+        monkeypatch.setattr(reg, "_entries", dict(reg._entries))
+    path = tmp_path / "more_components.py"
+    path.write_text(MORE)
+    plugins.import_ref(str(path))
+    problems = [Problem(id=str(i), prompt="q", answer="a") for i in range(3)]
+
+    def built(reg, name, env=None):
+        entry = reg.get(name)
+        return entry.build(entry.config(), env)
+
+    cases = [
+        (lambda: built(SELECTORS, "short_selector", problems).next(0, 3), "selector plug-in 'short_selector'",
+         "next() returned a list of Problem for n=3; the contract is a list of n Problems"),
+        (lambda: built(BUFFERS, "dict_buffer").sample(0, None), "replay buffer plug-in 'dict_buffer'",
+         "sample() returned a dict; the contract is a list of Replayed"),
+        (lambda: built(BUFFERS, "dict_buffer").add([], None, 0), "replay buffer plug-in 'dict_buffer'",
+         "raised ValueError in add(): full"),
+        (lambda: built(FILTERS, "list_filter")([], 4, None), "filter plug-in 'list_filter'",
+         "returned a list; the contract is (a list of Groups, a dict of metrics)"),
+        (lambda: built(TEACHERS, "none_teacher").score([1, 2], problems, None), "teacher plug-in 'none_teacher'",
+         "score() returned a NoneType for 2 samples; the contract is a TeacherOutput"),
+        (lambda: built(GENERATORS, "short_generator").generate([1, 2], None, None),
+         "generator plug-in 'short_generator'",
+         "generate() returned a list for 2 requests; the contract is a list of one Completion each"),
+    ]
+    t = torch.zeros(2, 5)
+    inp = LossInputs(logprobs=t, old_logprobs=t, advantages=t, completion_mask=t.bool(), rollout_logprobs=t)
+    cases.append((lambda: built(LOSSES, "row_loss")(inp), "loss plug-in 'row_loss'",
+                  "returned LossTerms with per_token of shape (2,) for 2 rows x 5 tokens; the contract is LossTerms "
+                  "with a [B, T] per_token"))
+    for call, who, why in cases:
+        with pytest.raises(plugins.PluginError) as e:
+            call()
+        assert str(e.value).startswith(f"{who} ({path.resolve()}): {why}"), str(e.value)
+        assert "\n" not in str(e.value)
+    assert built(SELECTORS, "short_selector", problems).state_dict() == {}  # other attributes: the plug-in's own

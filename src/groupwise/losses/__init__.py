@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from groupwise.registry import Registry, import_members
+from torch import Tensor
+
+from groupwise.registry import Registry, described, import_members
 from groupwise.types import LossInputs, LossTerms
 
 
@@ -20,6 +22,16 @@ class LossTerm(Protocol):
     def __call__(self, inp: LossInputs) -> LossTerms: ...
 
 
-LOSSES = Registry("loss", LossTerm, "function", ("inp", "cfg"))
+def contract(out: object, inp: LossInputs, *_: object) -> str:
+    """What is wrong with a loss term's output ("" when nothing): LossTerms with a [B, T] per-token loss."""
+    want = tuple(inp.logprobs.shape)
+    if isinstance(out, LossTerms) and isinstance(out.per_token, Tensor) and tuple(out.per_token.shape) == want:
+        return ""
+    got = (f"LossTerms with per_token of shape {tuple(out.per_token.shape)}" if isinstance(out, LossTerms)
+           and isinstance(out.per_token, Tensor) else described(out))
+    return f"returned {got} for {want[0]} rows x {want[1]} tokens; the contract is LossTerms with a [B, T] per_token"
+
+
+LOSSES = Registry("loss", LossTerm, "function", ("inp", "cfg"), contract=contract)
 
 import_members(__name__, __path__)

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from groupwise.registry import NoConfig, Registry, import_members
+from groupwise.registry import NoConfig, Registry, anything, described, import_members, list_of
 from groupwise.types import Group, Replayed
 
 
@@ -31,7 +31,13 @@ class Buffer(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-BUFFERS = Registry("replay buffer", Buffer, "factory", ("cfg", "env"))
+def sample_contract(out: object, *_: object) -> str:
+    """What is wrong with a buffer's ``sample`` output ("" when nothing)."""
+    return "" if list_of(out, Replayed) else f"returned {described(out)}; the contract is a list of Replayed"
+
+
+BUFFERS = Registry("replay buffer", Buffer, "factory", ("cfg", "env"), contract={"sample": sample_contract,
+                                                                                       "add": anything})
 
 
 class NoReplay:

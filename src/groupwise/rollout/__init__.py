@@ -6,12 +6,13 @@ Registry forms (protocols in ``rollout/base.py``):
               scores every group the builder returns
   TRANSFORMS  ``factory(cfg, env) -> GroupTransform``  ``(groups, ctx) -> list[Group]`` on scored groups; a
               transform that creates or edits samples scores them with ``ctx.score`` (the reward stage)
-A plug-in builder's or transform's output is checked against ``groups_contract``.
+A plug-in builder's or transform's output is checked against ``groups_contract``, a generator's ``generate``
+against ``generate_contract``.
 """
 
-from groupwise.registry import Registry, import_members
+from groupwise.registry import Registry, anything, described, import_members, list_of
 from groupwise.rollout.base import Generator, GroupBuilder, GroupTransform
-from groupwise.types import Group, Sample
+from groupwise.types import Completion, Group, Sample
 
 
 def groups_contract(out: object, *_: object) -> str:
@@ -24,7 +25,15 @@ def groups_contract(out: object, *_: object) -> str:
     return f"returned {got}; the contract is a list of Groups, each holding a list of Samples"
 
 
-GENERATORS = Registry("generator", Generator, "factory", ("cfg", "env"))
+def generate_contract(out: object, requests: list, *_: object) -> str:
+    """What is wrong with a generator's ``generate`` output ("" when nothing)."""
+    if list_of(out, Completion, len(requests)):
+        return ""
+    return f"returned {described(out)} for {len(requests)} requests; the contract is a list of one Completion each"
+
+
+GENERATORS = Registry("generator", Generator, "factory", ("cfg", "env"),
+                        contract={"generate": generate_contract, "sync_weights": anything})
 BUILDERS = Registry("group builder", GroupBuilder, "factory", ("cfg", "env"), contract=groups_contract)
 TRANSFORMS = Registry("group transform", GroupTransform, "factory", ("cfg", "env"), contract=groups_contract)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from groupwise.registry import Registry, import_members
+from groupwise.registry import Registry, described, import_members, list_of
 from groupwise.types import Problem
 
 
@@ -25,6 +25,11 @@ class Selector(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-SELECTORS = Registry("selector", Selector, "factory", ("cfg", "env"))
+def next_contract(out: object, step: int, n: int, *_: object) -> str:
+    """What is wrong with a selector's ``next`` output ("" when nothing)."""
+    return "" if list_of(out, Problem, n) else f"returned {described(out)} for n={n}; the contract is a list of n Problems"
+
+
+SELECTORS = Registry("selector", Selector, "factory", ("cfg", "env"), contract={"next": next_contract})
 
 import_members(__name__, __path__)

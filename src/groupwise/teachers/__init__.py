@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
-from groupwise.registry import NoConfig, Registry, import_members
+from groupwise.registry import NoConfig, Registry, anything, described, import_members
 from groupwise.types import Problem, Sample, TeacherOutput
 
 
@@ -34,7 +34,15 @@ class Teacher(Protocol):
     def on_step(self, step: int, policy: Any) -> None: ...
 
 
-TEACHERS = Registry("teacher", Teacher, "factory", ("cfg", "env"), optional=True)
+def score_contract(out: object, samples: list, *_: object) -> str:
+    """What is wrong with a teacher's ``score`` output ("" when nothing)."""
+    if isinstance(out, TeacherOutput):
+        return ""
+    return f"returned {described(out)} for {len(samples)} samples; the contract is a TeacherOutput"
+
+
+TEACHERS = Registry("teacher", Teacher, "factory", ("cfg", "env"), optional=True,
+                    contract={"score": score_contract, "on_step": anything})
 
 
 @TEACHERS.register("none", config=NoConfig)
