@@ -149,6 +149,11 @@ def _export(args) -> int:
         dirs = export(model_dir, args.out)
     for d in dirs:
         print(d)
+    if (config := Path(args.out) / "adapter" / "adapter_config.json").exists():  # say where the adapter's base is
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+        print(f"note: adapter/ loads its base from {base} (this machine's path); elsewhere, point "
+              "base_model_name_or_path in adapter/adapter_config.json at a copy of that model, or use merged/, "
+              "which needs no base", file=sys.stderr)
     return 0
 
 

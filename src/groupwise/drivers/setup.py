@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -224,16 +225,20 @@ def encode(problem: Problem, tokenizer, chat_template: bool = True) -> Tensor:
     return torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
 
 
-def check_chat_template(cfg: RunConfig, task: Task, tokenizer) -> None:
+def check_chat_template(cfg: RunConfig, task: Task, tokenizer, say: bool = True) -> None:
     """Chat-message prompts need the tokenizer's chat template: without one the roles would be dropped
-    silently."""
+    silently. Plain-text prompts fall back to plain text, said once (``say``: the process that does the I/O)."""
     first = next(iter(task.test), None)
-    if cfg.model.chat_template and first is not None and not isinstance(first.prompt, str) \
-            and not getattr(tokenizer, "chat_template", None):
+    if not cfg.model.chat_template or first is None or getattr(tokenizer, "chat_template", None):
+        return
+    if not isinstance(first.prompt, str):
         raise ConfigError(f"model.chat_template: the tokenizer of '{cfg.model.path}' has no chat template, "
                           "but the task's prompts are chat messages; allowed: model.chat_template=false "
                           "(the messages' texts joined by newlines), or a model whose tokenizer has a "
                           "chat template")
+    if say:
+        print(f"groupwise: model.chat_template: the tokenizer of '{cfg.model.path}' has no chat template; prompts "
+              "are fed as plain text (model.chat_template=false says so and silences this)", file=sys.stderr)
 
 
 def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress,
@@ -277,7 +282,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
         torch.set_num_threads(cfg.trainer.threads)
     task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
     policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress, train)
-    check_chat_template(cfg, task, tokenizer)
+    check_chat_template(cfg, task, tokenizer, say=io and not worker)
     e = cfg.eval  # a bad eval.forced_prefix fails here, not at the first eval
     forced_prefix_ids(tokenizer, e.forced_prefix, e.max_completion_tokens or cfg.rollout.max_completion_tokens)
     env = BuildEnv(run=cfg, seed=cfg.seed, task=task, policy=policy, tokenizer=tokenizer, initial_policy=initial,

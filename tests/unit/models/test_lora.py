@@ -159,7 +159,12 @@ def test_lora_run_resumes_exactly_and_exports(tmp_path, monkeypatch, capsys):
 
     capsys.readouterr()
     assert main(["export", str(tmp_path / "a" / "grpo_lab"), "--out", str(tmp_path / "x")]) == 0
-    assert capsys.readouterr().out.split() == [str(tmp_path / "x" / "adapter"), str(tmp_path / "x" / "merged")]
+    out = capsys.readouterr()
+    assert out.out.split() == [str(tmp_path / "x" / "adapter"), str(tmp_path / "x" / "merged")]
+    base = json.loads((tmp_path / "x" / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert out.err.strip() == (f"note: adapter/ loads its base from {base} (this machine's path); elsewhere, point "
+                               "base_model_name_or_path in adapter/adapter_config.json at a copy of that model, "
+                               "or use merged/, which needs no base")  # issue 31: it pointed into the cache silently
     adapted, tok = load_pretrained(ckpt)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "x" / "merged")
     torch.testing.assert_close(logprobs(merged, tok), logprobs(adapted, tok), rtol=1e-5, atol=1e-5)

@@ -267,3 +267,16 @@ def test_tokenizer_without_chat_template_and_chat_prompts_is_one_line(tmp_path, 
                                           r"allowed: model\.chat_template=false"):
         build(cfg)
     build(load(None, [f"model.path={f}", task, "model.chat_template=false", f"out_dir={tmp_path}"]))
+
+
+def test_tokenizer_without_chat_template_and_plain_prompts_says_so_once(tmp_path, cache, capsys):
+    """Issue 31: plain-text prompts with a tokenizer that has no chat template fell back silently."""
+    from groupwise.drivers.setup import build
+
+    f = write_tiny_gguf(tmp_path / "plain.gguf", chat_template=False)
+    task = "task={name: jsonl, train_path: 'groupwise:data/sample_math.jsonl'}"
+    build(load(None, [f"model.path={f}", task, f"out_dir={tmp_path}"]))
+    err = [x for x in capsys.readouterr().err.splitlines() if "chat template" in x]
+    assert len(err) == 1 and "has no chat template; prompts are fed as plain text" in err[0]
+    build(load(None, [f"model.path={f}", task, "model.chat_template=false", f"out_dir={tmp_path}"]))
+    assert "chat template" not in capsys.readouterr().err
