@@ -42,6 +42,7 @@ from groupwise.rollout.base import (
     close,
     release,
 )
+from groupwise.rollout.sync_check import Probe, SyncCheck, tolerance
 from groupwise.select import Selector
 from groupwise.tasks.base import Task, render_prompt, stable_seed
 from groupwise.teachers import Teacher, TeacherWant
@@ -51,16 +52,24 @@ from groupwise.update import Learner, data_parallel
 
 class CountingGenerator:
     """Wraps a Generator and counts what it does: completion ``tokens``, ``prompt_tokens`` and ``seconds``
-    (reset by the driver each step)."""
+    (reset by the driver each step). With a ``check`` (``rollout.sync_check``) it verifies, after every
+    ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
+    (``rollout/sync_check.py``); the last ``probe`` is what a Ray worker sends back (``drivers/workers.py``).
+    The probe's generation goes to the engine directly: it is not counted and draws from none of the run's
+    streams."""
 
-    def __init__(self, inner: Generator):
-        self.inner = inner
+    def __init__(self, inner: Generator, check: SyncCheck | None = None, name: str = "",
+                 model: torch.nn.Module | None = None):
+        self.inner, self.check, self.name, self.model = inner, check, name, model
+        self.probe: Probe | None = None
         self.reset()
 
     def reset(self) -> None:
         self.tokens, self.prompt_tokens, self.seconds = 0, 0, 0.0
 
     def generate(self, requests, params, rng):
+        if self.check is not None and self.probe is None and self.model is not None:
+            self._verify(self.model)  # the engine's first weights (a vLLM engine starts from dummy ones)
         t0 = time.perf_counter()
         out = self.inner.generate(requests, params, rng)
         self.seconds += time.perf_counter() - t0
@@ -70,6 +79,12 @@ class CountingGenerator:
 
     def sync_weights(self, model) -> None:
         self.inner.sync_weights(model)
+        if self.check is not None:
+            self._verify(model)
+
+    def _verify(self, model) -> None:
+        self.probe = self.check.verify(f"generator '{self.name}'", self.inner, model,
+                                       lambda: self.inner.sync_weights(model))
 
     def release(self) -> None:
         release(self.inner)
@@ -214,6 +229,8 @@ class Pipeline:
         out.update(self.reward.metrics())
         if self.shards is not None:
             out.update(self.shards.metrics())
+        if self.generator.check is not None:  # the generator's and the Ray workers' probes (one SyncCheck)
+            out.update(self.generator.check.metrics())
         if self.teacher is not None:
             out.update(self.teacher.metrics())
         return out
@@ -268,6 +285,16 @@ def _generator(cfg: RunConfig, env: BuildEnv) -> Generator:
     return tools.wrap(generator, cfg.rollout.tools, env.task, env.tokenizer)
 
 
+def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
+    """The run's weight-sync check (``rollout.sync_check``); none with ``none`` or when the generator's log-probs are
+    scripted (``logprobs=False``: nothing to compare). The probe prompt is the task's first training problem."""
+    r = cfg.rollout
+    if r.sync_check == "none" or not catalog.registry(r.generator.kind).get(r.generator.name).logprobs:
+        return None
+    return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, cfg.model.dtype),
+                     encode(task.train[0], tokenizer, cfg.model.chat_template), tokenizer.pad_token_id)
+
+
 def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True,
           worker: bool = False, train: bool = True) -> Pipeline:
     """``io=False`` (the other ranks of a multi-process run): the rollout recorder writes nothing. ``worker``
@@ -309,7 +336,8 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
                          rc.fail_fast)
     pipe = Pipeline(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
-        generator=CountingGenerator(_generator(cfg, env)), builder=builder,
+        generator=CountingGenerator(_generator(cfg, env), sync_check(cfg, task, tokenizer), cfg.rollout.generator.name,
+                                    policy), builder=builder,
         transforms=transforms, reward=reward, filter=filter_,
         advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
         replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,

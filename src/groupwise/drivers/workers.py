@@ -53,6 +53,7 @@ from groupwise.types import Group, Problem
 
 if TYPE_CHECKING:
     from groupwise.drivers.setup import Pipeline
+    from groupwise.rollout.sync_check import Probe
 
 MAX_TRIES = 3
 """A shard is run at most this many times (its worker died on every try: the run stops)."""
@@ -153,6 +154,7 @@ class ShardResult:
     seconds: float
     errors: dict[str, float]
     pid: int
+    probe: Probe | None = None  # the worker's sync probe at its current weights (``rollout.sync_check``)
 
 
 class Worker:
@@ -187,7 +189,7 @@ class Worker:
         groups = run_shard(self.p, problems, step, shard, draws)
         mine = {k: v for k, v in draws.items() if k[1] == shard}
         return ShardResult(groups, mine, gen.tokens, gen.prompt_tokens, gen.seconds, self.p.reward.take_errors(),
-                           os.getpid())
+                           os.getpid(), gen.probe)
 
     def _use(self, setup: tuple[str, tuple]) -> None:
         """Build the pipeline of ``setup`` = (run id, (config dict, torch threads, environment)), sent inline
@@ -276,7 +278,7 @@ class RayWorkers:
         parts = deal(problems, n)
         todo = [i for i in range(n) if parts[i] or n == 1]
         done: dict[int, list[Group]] = {}
-        idle, running = list(range(len(self.actors))), {}
+        idle, running, resent = list(range(len(self.actors))), {}, set()
         while todo or running:
             while todo and idle:
                 i, k = todo.pop(0), idle.pop(0)
@@ -287,11 +289,30 @@ class RayWorkers:
             k, i = running.pop(ref)
             idle.append(k)
             try:
-                done[i] = self._absorb(self.ray.get(ref), k, step, draws)
+                result = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as e:  # Ray restarted it and reran the shard MAX_TRIES times
                 raise RuntimeError(f"step {step}: rollout shard {i}'s worker died {MAX_TRIES} times; last: "
                                    f"{str(e).strip().splitlines()[0][:200]}") from None
+            if self._stale(result, k, retry=i not in resent):  # resync: send the weights again, rerun the shard
+                resent.add(i)
+                self.weights, self.version = self.ray.put(trainable(self.p.policy)), self.version + 1
+                todo.insert(0, i)
+                continue
+            done[i] = self._absorb(result, k, step, draws)
         return interleave([done[i] for i in sorted(done)])
+
+    def _stale(self, r: ShardResult, k: int, retry: bool) -> bool:
+        """Whether actor ``k``'s probe (its generator, after its last weight load) is off the driver's policy
+        (``rollout.sync_check``): counted in ``sync/failures``; raises unless ``retry`` (resync mode, the
+        shard's first failure). The stale shard's result is dropped whole: its seed counters too, so the rerun
+        draws the same seeds."""
+        check = self.p.generator.check
+        if check is None or r.probe is None:
+            return False
+        g = check.stale(self.p.policy, r.probe)
+        if g is not None:
+            check.failed(f"rollout worker {k} (pid {r.pid})", g, retry)
+        return g is not None
 
     def _absorb(self, r: ShardResult, k: int, step: int, draws: dict) -> list[Group]:
         """Merge a shard's counters into the driver's: seed counts, generator counts, reward failures, and a
