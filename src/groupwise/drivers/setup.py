@@ -343,7 +343,10 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
         replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
         parts=parts, recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer,
                                        task, resume_step, teacher))
-    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*)
+    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);
+    # its sampler-trainer gap: the update's π_old, when the generator's log-probs are its sampling distribution's
     pipe.recorder.policy_logprobs = pipe.policy_logprobs
+    if catalog.registry(cfg.rollout.generator.kind).get(cfg.rollout.generator.name).logprobs:
+        pipe.recorder.trainer_logprobs = learner.old_logprobs
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe)
     return pipe

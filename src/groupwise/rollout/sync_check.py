@@ -38,7 +38,7 @@ from groupwise.models import fsdp
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.rollout.base import Request, SamplingParams
 
-PROBE_TOKENS = 8
+PROBE_TOKENS = 32
 """Greedy tokens the engine generates for the probe."""
 DEFAULT_TOL = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
 """``sync_check_tol: 0``: the tolerance by ``model.dtype`` (~100x the float noise measured between engines)."""

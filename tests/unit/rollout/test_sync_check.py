@@ -58,14 +58,16 @@ class Scripted:
 def test_gap_is_the_mean_abs_logprob_difference(tmp_path):
     p = pipeline(tmp_path)
     pad = p.tokenizer.pad_token_id
-    offsets = torch.tensor([0.0, 0.01, -0.03, 0.01, 0.01, -0.01, 0.01, 0.02])
-    # mean |offset| over tokens 1..7 (token 0 has no engine log-prob): (0.01+0.03+0.01+0.01+0.01+0.01+0.02)/7 = 0.1/7
+    offsets = torch.zeros(PROBE_TOKENS)
+    offsets[1::2], offsets[2::2] = 0.01, -0.03
+    # mean |offset| over tokens 1..31 (token 0 has no engine log-prob): 16 odd ones at 0.01, 15 even ones at 0.03
+    expected = (16 * 0.01 + 15 * 0.03) / 31
     engine = Scripted(p.policy, pad, offsets)
-    check = SyncCheck("error", 0.1 / 7 + 1e-6, torch.tensor([5, 6, 7]), pad)
+    check = SyncCheck("error", expected + 1e-6, torch.tensor([5, 6, 7]), pad)
     check.verify("generator 'scripted'", engine, p.policy, lambda: None)
     m = check.metrics()
-    assert m["sync/failures"] == 0 and m["sync/probe_dlogp"] == pytest.approx(0.1 / 7, abs=1e-6)
-    check.tol = 0.1 / 7 - 1e-6
+    assert m["sync/failures"] == 0 and m["sync/probe_dlogp"] == pytest.approx(expected, abs=1e-6)
+    check.tol = expected - 1e-6
     with pytest.raises(StaleEngineError, match=r"^rollout\.sync_check: generator 'scripted' does not hold"):
         check.verify("generator 'scripted'", engine, p.policy, lambda: None)
 
