@@ -120,6 +120,7 @@ def test_an_engine_whose_sync_does_nothing_is_noticed(pipe, monkeypatch):
     with pytest.raises(StaleEngineError, match=r"^rollout\.sync_check: generator 'vllm' does not hold the trainer's "
                                                r"weights after a resync"):
         pipe.generator.sync_weights(pipe.policy)
+    assert pipe.generator.check.metrics()["sync/failures"] == 2.0  # the probe, then the probe after the resync
     monkeypatch.undo()
     pipe.generator.sync_weights(pipe.policy)  # the engine back on the policy's weights for the tests after this one
     assert pipe.generator.check.metrics()["sync/failures"] == 0.0

@@ -28,6 +28,10 @@ several shards an empty one (fewer problems than shards, e.g. a small refill) is
   process) and shut down when training ends, at exit at the latest. In a Ray session the caller started (a
   notebook, the tests) it stays up, and the next run there takes the idle actors over (``prestart``) instead
   of starting new processes.
+- The weights are checked (``rollout.sync_check``, ``rollout/sync_check.py``): after each weight load an actor
+  probes its own generator and sends the probe back with every shard; the driver compares it with its policy
+  (``RayWorkers._stale``). A stale shard stops the run (``error``) or, with ``resync``, is dropped with its
+  seed counters, the weights are sent again and the shard rerun: its samples are those of a good sync.
 - Workers hold nothing a checkpoint needs: a resumed run sends its restored weights with the first shard.
   Components that would keep state in a worker (``stateful``, ``reports`` or ``driver_only`` generators,
   builders and reward terms) are refused when the config loads (``config._check_workers``). A builder in a
