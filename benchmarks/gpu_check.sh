@@ -122,14 +122,16 @@ else
 fi
 
 # 4. vs_trl.py on the real model (TRL and groupwise, identical work, both on the GPU)
-if ! has "$PY" trl || ! has "$PY" gguf; then
-  row vs_trl "skipped: trl or gguf missing" "benchmarks/gpu_check.sh fetch, then carry .whl/"
+if ! has "$PY" trl; then
+  row vs_trl "skipped: trl does not import" "benchmarks/gpu_check.sh fetch, then carry .whl/"
 elif [ "$QUICK" = 1 ]; then
   if limit 120 "$PY" benchmarks/vs_trl.py --quick --device "$DEV" >"$WORK/vs_trl.log" 2>"$WORK/vs_trl.err"; then
     row vs_trl_quick ok "$(grep -m1 -i 'ratio\|trl/' "$WORK/vs_trl.log" | cut -c1-160)"
   else
     row vs_trl_quick "FAILED (rc $?)" "$(tail -1 "$WORK/vs_trl.err" | cut -c1-160)"
   fi
+elif ! has "$PY" gguf; then
+  row vs_trl_smollm2 "skipped: gguf does not import" "benchmarks/gpu_check.sh fetch, then carry .whl/"
 else
   model=${SMOLLM2_GGUF:-smollm2-135m-instruct}
   if limit 200 "$PY" benchmarks/vs_trl.py --model "$model" --device "$DEV" --dtype bfloat16 --steps 4 --repeats 1 \

@@ -55,12 +55,14 @@ class CountingGenerator:
     (reset by the driver each step). With a ``check`` (``rollout.sync_check``) it verifies, after every
     ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
     (``rollout/sync_check.py``); the last ``probe`` is what a Ray worker sends back (``drivers/workers.py``).
-    The probe's generation goes to the engine directly: it is not counted and draws from none of the run's
+    The probe's generation goes to ``engine`` (default ``inner``; under ``rollout.tools``, the engine inside the
+    tool loop, so a probe never calls a tool) directly: it is not counted and draws from none of the run's
     streams."""
 
     def __init__(self, inner: Generator, check: SyncCheck | None = None, name: str = "",
-                 model: torch.nn.Module | None = None):
+                 model: torch.nn.Module | None = None, engine: Generator | None = None):
         self.inner, self.check, self.name, self.model = inner, check, name, model
+        self.engine = engine if engine is not None else inner
         self.probe: Probe | None = None
         self.reset()
 
@@ -83,7 +85,7 @@ class CountingGenerator:
             self._verify(model)
 
     def _verify(self, model) -> None:
-        self.probe = self.check.verify(f"generator '{self.name}'", self.inner, model,
+        self.probe = self.check.verify(f"generator '{self.name}'", self.engine, model,
                                        lambda: self.inner.sync_weights(model))
 
     def release(self) -> None:
@@ -275,14 +277,17 @@ def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress,
     return policy, tokenizer, initial_policy
 
 
-def _generator(cfg: RunConfig, env: BuildEnv) -> Generator:
-    """The run's generator; with ``rollout.tools``, inside the multi-turn tool loop (``rollout/tools.py``)."""
-    generator = catalog.build(cfg.rollout.generator, env)
-    if cfg.rollout.tools is None:
-        return generator
-    from groupwise.rollout import tools
+def _generator(cfg: RunConfig, env: BuildEnv, policy: torch.nn.Module, tokenizer) -> CountingGenerator:
+    """The run's generator, counted and its weight syncs checked; with ``rollout.tools``, inside the multi-turn
+    tool loop (``rollout/tools.py``; the sync probe goes to the engine inside it)."""
+    engine = catalog.build(cfg.rollout.generator, env)
+    generator = engine
+    if cfg.rollout.tools is not None:
+        from groupwise.rollout import tools
 
-    return tools.wrap(generator, cfg.rollout.tools, env.task, env.tokenizer)
+        generator = tools.wrap(engine, cfg.rollout.tools, env.task, env.tokenizer)
+    return CountingGenerator(generator, sync_check(cfg, env.task, tokenizer), cfg.rollout.generator.name, policy,
+                             engine)
 
 
 def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
@@ -336,8 +341,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
                          rc.fail_fast)
     pipe = Pipeline(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
-        generator=CountingGenerator(_generator(cfg, env), sync_check(cfg, task, tokenizer), cfg.rollout.generator.name,
-                                    policy), builder=builder,
+        generator=_generator(cfg, env, policy, tokenizer), builder=builder,
         transforms=transforms, reward=reward, filter=filter_,
         advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
         replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
