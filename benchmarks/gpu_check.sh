@@ -25,6 +25,7 @@ VPY=${VLLM_PYTHON:-$PY}
 DEV=${GPU_CHECK_DEVICE:-cuda}
 QUICK=${GPU_CHECK_QUICK:-0}
 WORK=${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu_check.XXXXXX)}
+mkdir -p "$WORK"
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export GROUPWISE_CACHE=${GROUPWISE_CACHE:-$WORK/cache} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 WHEELS="math-verify latex2sympy2_extended antlr4-python3-runtime==4.13.2 gguf trl datasets dill multiprocess
@@ -45,29 +46,35 @@ fi
 
 ROWS=()
 row() { ROWS+=("| $1 | $2 | $3 |"); printf '[gpu_check] %s: %s  %s\n' "$1" "$2" "$3" >&2; }
-limit() { timeout --signal=TERM --kill-after=15 "$@"; }
+SCALE=${GPU_CHECK_TIME_SCALE:-1}  # the dry run on a loaded CPU: GPU_CHECK_TIME_SCALE=5
+limit() { local s=$(($1 * SCALE)); shift; timeout --signal=TERM --kill-after=15 "$s" "$@"; }
 has() { "$1" -c "import $2" >/dev/null 2>&1; }
 cuda_ok() { [ "$DEV" != cuda ] || "$PY" -c "import torch,sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; }
 STEPS=$([ "$QUICK" = 1 ] && echo 2 || echo 6)
-SMALL="rollout.prompts_per_step=8 rollout.group_size=8 eval.before=false eval.after=false eval.every=0
-trainer.save_every=0 trainer.progress=false trainer.sinks=[jsonl] trainer.record_groups=0"
-[ "$QUICK" = 1 ] && SMALL="$SMALL rollout.prompts_per_step=2 rollout.group_size=4 rollout.max_completion_tokens=16 model.warm_start_steps=15"
+SMALL=(rollout.prompts_per_step=8 rollout.group_size=8 eval.before=false eval.after=false eval.every=0
+  trainer.save_every=0 trainer.progress=false "trainer.sinks=[jsonl]" trainer.record_groups=0)
+[ "$QUICK" = 1 ] && SMALL+=(rollout.prompts_per_step=2 rollout.group_size=4 rollout.max_completion_tokens=16
+  model.warm_start_steps=15 "reward.terms=[{name: correctness}, {name: length_penalty, max_length: 16}]")
 
 # A run's metrics.jsonl as one cell: sync failures (sum), probe gap (max), mismatch means / peak, s/step, tok/s.
 summary() {
   "$PY" - "$1" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(x) for x in open(sys.argv[1]) if "perf/step_s" in x]
-get = lambda k: [r[k] for r in rows if k in r]
-mean = lambda k: statistics.fmean(get(k)) if get(k) else float("nan")
+get = lambda k, rs=rows: [r[k] for r in rs if k in r]
+mean = lambda k, rs=rows: statistics.fmean(get(k, rs)) if get(k, rs) else float("nan")
 peak = lambda k: max(get(k)) if get(k) else float("nan")
+warm = rows[1:] or rows  # timings without step 1 (an engine's first generations, the first probe)
 out = [f"steps {len(rows)}"]
 if get("sync/failures"):
     out.append(f"sync/failures {sum(get('sync/failures')):.0f}, probe Δlogp max {peak('sync/probe_dlogp'):.1e}, "
-               f"check {mean('perf/sync_check_s'):.3f} s of {mean('perf/step_s'):.2f} s/step")
-out.append(f"kl {mean('mismatch/kl'):.1e}, max|Δ| {peak('mismatch/max_abs_dlogp'):.1e}, "
-           f"w̄ {mean('mismatch/is_weight_mean'):.6f}, clipped {mean('mismatch/clipped_frac'):.1e}")
-out.append(f"{mean('perf/gen_tokens_per_s'):,.0f} gen tok/s")
+               f"check {mean('perf/sync_check_s', warm):.3f} s of {mean('perf/step_s', warm):.2f} s/step (steps 2+)")
+if get("mismatch/kl"):
+    out.append(f"kl {mean('mismatch/kl'):.1e}, max|Δ| {peak('mismatch/max_abs_dlogp'):.1e}, "
+               f"w̄−1 {mean('mismatch/is_weight_mean') - 1:.1e}, clipped {mean('mismatch/clipped_frac'):.1e}")
+else:
+    out.append("no mismatch logged (no trained rows)")
+out.append(f"{mean('perf/gen_tokens_per_s', warm):,.0f} gen tok/s, reward {mean('reward/mean'):.3f}")
 print("; ".join(out))
 EOF
 }
@@ -77,8 +84,7 @@ train_row() {
   local name=$1 secs=$2 py=$3 recipe=$4
   shift 4
   local log=$WORK/$name.log
-  # shellcheck disable=SC2086
-  if limit "$secs" "$py" -m groupwise.cli train "$recipe" $SMALL trainer.steps=$STEPS model.device=$DEV \
+  if limit "$secs" "$py" -m groupwise.cli train "$recipe" "${SMALL[@]}" trainer.steps="$STEPS" model.device="$DEV" \
       rollout.sync_check=error "$@" out_dir="$WORK/runs" name="$name" --overwrite >"$log" 2>&1; then
     row "$name" ok "$(summary "$WORK/runs/$name/metrics.jsonl")"
   else

@@ -188,6 +188,9 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _rules(self, ("shards", lambda v: v >= 1, ">= 1"), ("workers", lambda v: v >= 0, ">= 0 (0: in-process)"),
                ("sync_check_tol", lambda v: v >= 0, ">= 0 (0: by model.dtype)"))
+        if self.sync_check == "none" and self.sync_check_tol:
+            raise ValueError(f"sync_check_tol={self.sync_check_tol}: unused with sync_check=none; allowed: drop it, "
+                             "or sync_check=resync / error")
         if self.workers > self.shards:
             raise ValueError(f"workers={self.workers}: allowed 0 or at most rollout.shards ({self.shards}): each "
                              "worker builds whole shards")

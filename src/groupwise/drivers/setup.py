@@ -71,7 +71,7 @@ class CountingGenerator:
 
     def generate(self, requests, params, rng):
         if self.check is not None and self.probe is None and self.model is not None:
-            self._verify(self.model)  # the engine's first weights (a vLLM engine starts from dummy ones)
+            self._verify(self.model, logged=False)  # the engine's first weights (vLLM starts from dummy ones)
         t0 = time.perf_counter()
         out = self.inner.generate(requests, params, rng)
         self.seconds += time.perf_counter() - t0
@@ -84,9 +84,9 @@ class CountingGenerator:
         if self.check is not None:
             self._verify(model)
 
-    def _verify(self, model) -> None:
+    def _verify(self, model, logged: bool = True) -> None:
         self.probe = self.check.verify(f"generator '{self.name}'", self.engine, model,
-                                       lambda: self.inner.sync_weights(model))
+                                       lambda: self.inner.sync_weights(model), logged)
 
     def release(self) -> None:
         release(self.inner)

@@ -89,13 +89,15 @@ class SyncCheck:
         self.mode, self.tol, self.prompt_ids, self.pad_id = mode, tol, prompt_ids, pad_id
         self.failures, self.seconds, self.worst = 0, 0.0, 0.0
 
-    def stale(self, model: torch.nn.Module, p: Probe) -> float | None:
-        """The probe's gap when it is over the tolerance (None: the engine holds the trainer's weights)."""
+    def stale(self, model: torch.nn.Module, p: Probe, logged: bool = True) -> float | None:
+        """The probe's gap when it is over the tolerance (None: the engine holds the trainer's weights);
+        ``logged``: the gap counts toward ``sync/probe_dlogp``."""
         t0 = time.perf_counter()
         with fsdp.full_weights(model):  # under FSDP the trainer's pass needs the whole weights (a no-op otherwise)
             g = gap(model, p, self.pad_id)
         self.seconds += time.perf_counter() - t0
-        self.worst = max(self.worst, g)
+        if logged:
+            self.worst = max(self.worst, g)
         return g if not g <= self.tol else None  # a NaN gap is stale too
 
     def failed(self, engine: str, g: float, retry: bool) -> None:
@@ -108,15 +110,18 @@ class SyncCheck:
                 f"{g:.2e} > rollout.sync_check_tol {self.tol:.0e}); allowed: fix its weight sync, or "
                 "rollout.sync_check=none")
 
-    def verify(self, engine: str, generator, model: torch.nn.Module, resync: Callable[[], None]) -> Probe:
+    def verify(self, engine: str, generator, model: torch.nn.Module, resync: Callable[[], None],
+               logged: bool = True) -> Probe:
         """Probe ``generator`` against ``model``; on a stale probe count it and, in ``resync`` mode, call
-        ``resync`` and probe once more (still stale: raise). Returns the last probe."""
+        ``resync`` and probe once more (still stale: raise). Returns the last probe. ``logged=False`` (the probe
+        before an engine's first generation): its gap stays out of ``sync/probe_dlogp``, so that a resumed run
+        logs what the uninterrupted run logged; a failure is counted all the same."""
         for retry in (True, False):
             t0 = time.perf_counter()
             with fsdp.full_weights(model):
                 p = probe(generator, self.prompt_ids)
             self.seconds += time.perf_counter() - t0
-            g = self.stale(model, p)
+            g = self.stale(model, p, logged)
             if g is None:
                 return p
             self.failed(engine, g, retry)
@@ -124,8 +129,8 @@ class SyncCheck:
         return p
 
     def metrics(self) -> dict[str, float]:
-        """``sync/failures`` (stale probes this step, 0 normally), ``sync/probe_dlogp`` (the step's largest
-        gap), ``perf/sync_check_s``; reset for the next step."""
+        """``sync/failures`` (stale probes this step, 0 normally), ``sync/probe_dlogp`` (the largest gap of the
+        step's probes after a sync), ``perf/sync_check_s``; reset for the next step."""
         out = {"sync/failures": float(self.failures), "sync/probe_dlogp": self.worst,
                "perf/sync_check_s": self.seconds}
         self.failures, self.seconds, self.worst = 0, 0.0, 0.0

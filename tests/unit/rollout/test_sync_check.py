@@ -12,6 +12,7 @@ from groupwise.config import load
 from groupwise.drivers.setup import build
 from groupwise.drivers.trainer import rl_step
 from groupwise.models.forward import completion_logprobs, pack
+from groupwise.registry import ConfigError
 from groupwise.rollout.sync_check import PROBE_TOKENS, StaleEngineError, SyncCheck, tolerance
 from groupwise.types import Completion
 
@@ -90,6 +91,17 @@ def test_resync_counts_and_probes_again(tmp_path):
 
 def test_default_tolerance_follows_the_dtype():
     assert tolerance(0.0, "float32") == 1e-3 and tolerance(0.0, "bfloat16") == 5e-2 and tolerance(0.2, "float32") == 0.2
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["rollout.sync_check=off"], "rollout.sync_check: False is not allowed; allowed: none, resync, error"),  # YAML: off = false
+    (["rollout.sync_check=none", "rollout.sync_check_tol=0.1"], "sync_check_tol=0.1: unused with sync_check=none"),
+    (["rollout.sync_check_tol=-1"], "sync_check_tol=-1.0: allowed >= 0"),
+])
+def test_bad_keys_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_good_sync_logs_zero_failures_every_step(tmp_path):
