@@ -54,7 +54,9 @@ class CountingGenerator:
     """Wraps a Generator and counts what it does: completion ``tokens``, ``prompt_tokens`` and ``seconds``
     (reset by the driver each step). With a ``check`` (``rollout.sync_check``) it verifies, after every
     ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
-    (``rollout/sync_check.py``); the last ``probe`` is what a Ray worker sends back (``drivers/workers.py``).
+    (``rollout/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
+    parameters: the ``hf`` generator; ``Generator``); the last ``probe`` is what a Ray worker sends back
+    (``drivers/workers.py``).
     The probe's generation goes to ``engine`` (default ``inner``; under ``rollout.tools``, the engine inside the
     tool loop, so a probe never calls a tool) directly: it is not counted and draws from none of the run's
     streams."""
@@ -79,9 +81,11 @@ class CountingGenerator:
         self.prompt_tokens += sum(int(r.prompt_ids.numel()) for r in requests)
         return out
 
-    def sync_weights(self, model) -> None:
-        self.inner.sync_weights(model)
-        if self.check is not None:
+    def sync_weights(self, model, check_shared: bool = False) -> None:
+        """``check_shared``: probe also an engine that shares ``model``'s parameters (a Ray worker: its policy
+        came from the driver, and the probe is what the driver compares with its own)."""
+        shared = self.inner.sync_weights(model) is True
+        if self.check is not None and (check_shared or not shared):
             self._verify(model)
 
     def _verify(self, model, logged: bool = True) -> None:

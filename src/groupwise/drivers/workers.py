@@ -186,7 +186,7 @@ class Worker:
         assert self.p is not None
         if version != self.version:
             load_trainable(self.p.policy, ray.get(weights[0]))
-            self.p.generator.sync_weights(self.p.policy)
+            self.p.generator.sync_weights(self.p.policy, check_shared=True)  # the probe goes back to the driver
             self.version = version
         gen = self.p.generator
         gen.reset()

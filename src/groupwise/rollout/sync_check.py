@@ -13,10 +13,13 @@ and repacks for its kernels, runs a LoRA adapter in its own LoRA layers, and a `
 its weights to nobody. The probe goes through the one interface every engine has (``generate``), so one
 check covers the ``hf`` generator (and any copy it samples from), a colocated engine, a server, an adapter
 and a Ray worker's generator, and it checks what matters: the distribution the engine samples. Its limit:
-numerics differ between engines (fp32 ``hf``: ~1e-6; vLLM on CPU fp32: ~1e-5; bf16 kernels: ~1e-2), so
-the tolerance (``rollout.sync_check_tol``; 0: by ``model.dtype``, ``DEFAULT_TOL``) sits above that noise,
-and a stale engine is noticed once the updates since its weights have moved the probe's log-probs by more
-than the tolerance (at once with the tests' learning rates; docs/scaling.md gives the lab's numbers).
+numerics differ between engines (a good sync's gap, measured on the lab: fp32 ``hf`` ~3e-7, vLLM on CPU in
+fp32 ~2e-7; bf16 kernels are expected near 1e-2, not measured yet), so the tolerance
+(``rollout.sync_check_tol``; 0: by ``model.dtype``, ``DEFAULT_TOL``) sits above that noise, and a stale engine
+is noticed once the updates since its weights have moved the probe's log-probs by more than the tolerance (in
+fp32 after one lab step at lr 1e-4: docs/scaling.md). Greedy tokens are deterministic (the same probe on both
+sides of a resume); 32 of them, because the first tokens of an answer are often certain (8 missed a
+one-step-stale lab engine).
 
 Modes: ``error`` stops the run in one line naming the engine; ``resync`` (default) counts the failure in
 ``sync/failures``, syncs again and probes again, and stops the run only if the engine is still stale;
@@ -41,7 +44,8 @@ from groupwise.rollout.base import Request, SamplingParams
 PROBE_TOKENS = 32
 """Greedy tokens the engine generates for the probe."""
 DEFAULT_TOL = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
-"""``sync_check_tol: 0``: the tolerance by ``model.dtype`` (~100x the float noise measured between engines)."""
+"""``sync_check_tol: 0``: the tolerance by ``model.dtype`` (fp32: ~3000x a good sync's measured gap, ~4-18x below a
+one-step-stale lab engine's; half precision: ~5x the expected bf16 noise)."""
 
 
 class StaleEngineError(RuntimeError):

@@ -113,6 +113,18 @@ def test_a_good_sync_logs_zero_failures_every_step(tmp_path):
     assert metrics[0]["update/grad_norm"] > 0, "the weights moved: a stale copy would differ"
 
 
+def test_an_engine_sharing_the_policy_is_probed_once(tmp_path):
+    """The default ``hf`` generator samples from the policy's own parameters (its sync returns True): probed
+    before its first generation only, so the check costs nothing per step."""
+    p = pipeline(tmp_path)
+    calls: list[int] = []
+    generate = p.generator.inner.generate
+    p.generator.inner.generate = lambda reqs, params, rng: (calls.append(len(reqs)), generate(reqs, params, rng))[1]
+    metrics = [rl_step(p, s) for s in range(2)]
+    assert calls.count(1) == 1, "one probe (a single request), before the first rollout"
+    assert metrics[1]["sync/failures"] == 0 and metrics[1]["perf/sync_check_s"] == 0
+
+
 def test_a_sync_that_does_nothing_stops_the_run(tmp_path):
     p = pipeline(tmp_path, "rollout.sync_check=error")
     own_copy(p, lambda dst, src: None)
