@@ -180,7 +180,8 @@ class RolloutConfig:
     """After every weight sync, a probe checks that the engine (the generator, each Ray worker) samples from the
     trainer's weights (``rollout/sync_check.py``): ``resync`` counts a stale engine in ``sync/failures``, syncs
     again and stops the run if it is still stale; ``error`` stops the run at once, in one line naming the
-    engine; ``none`` checks nothing. Cost: one greedy generate of 32 tokens and one forward per sync."""
+    engine; ``none`` checks nothing. Cost: one greedy generate of 32 tokens and one forward per probe; the
+    default ``hf`` generator shares the policy's parameters and is probed once, before its first generation."""
     sync_check_tol: float = 0.0
     """The probe's tolerance on mean |Δ log p| between engine and trainer; 0: by ``model.dtype`` (1e-3 in
     float32, 5e-2 in bfloat16 / float16)."""

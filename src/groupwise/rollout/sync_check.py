@@ -24,8 +24,9 @@ one-step-stale lab engine).
 Modes: ``error`` stops the run in one line naming the engine; ``resync`` (default) counts the failure in
 ``sync/failures``, syncs again and probes again, and stops the run only if the engine is still stale;
 ``none`` checks nothing. A generator registered with ``logprobs=False`` (``fake``: scripted log-probs) is never
-checked. Cost: one greedy generate of ``PROBE_TOKENS`` tokens and one teacher-forced forward per sync
-(``perf/sync_check_s``).
+checked. Cost: one greedy generate of ``PROBE_TOKENS`` tokens and one teacher-forced forward per probe
+(``perf/sync_check_s``); an engine whose ``sync_weights`` returns True samples from the trainer's own
+parameters (the ``hf`` generator) and is probed only before its first generation (``CountingGenerator``).
 """
 
 from __future__ import annotations
