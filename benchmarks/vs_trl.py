@@ -91,6 +91,8 @@ class Options:
     gw: tuple[str, ...] = ()  # groupwise-only config overrides (``key=value``), e.g. one lever switched off
     model: str = ""  # regime "real": a pretrained model (``model.path`` syntax); "" = the embedded preset
     recipe: str = "recipes/smollm2_math.yaml"  # regime "real": the recipe whose task supplies the problems
+    device: str = "cpu"  # both sides' model.device ("cuda": benchmarks/gpu_check.sh); "% peak" stays the CPU probe's
+    dtype: str = "float32"  # both sides' weights and compute (TRL: bf16=True for bfloat16)
 
     @property
     def reward_kind(self) -> str:
@@ -585,7 +587,10 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
             "prompts": opts.prompts, "group": opts.group,
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
             "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens,
-            "shared_prefix": opts.shared_prefix, "fused_decode": opts.fused_decode, "gw": list(opts.gw)}
+            "shared_prefix": opts.shared_prefix, "fused_decode": opts.fused_decode, "gw": list(opts.gw),
+            "device": opts.device, "dtype": opts.dtype}
+    if opts.device != "cpu" or opts.dtype != "float32":
+        info["regime"] += f"; on {opts.device} in {opts.dtype} (% peak: of the CPU fp32 probe)"
     probes = [matmul_peak(opts.matmul_n, opts.threads)]
     runs = []
     for r in range(opts.repeats):
@@ -647,6 +652,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
                    "smollm2-135m-instruct); both sides train every weight")
     p.add_argument("--recipe",
                    help=f"regime real: the recipe whose task gives the problems (default {d.recipe})")
+    p.add_argument("--device", help=f"both sides' device, e.g. cuda (default {d.device})")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help=f"both sides' dtype (default {d.dtype})")
     p.add_argument("--quick", action="store_true", help="tiny settings for a seconds-long smoke run")
     p.add_argument("--in-process", action="store_true",
                    help="run both sides in this process (debugging; peak RSS is then not per side)")

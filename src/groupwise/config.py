@@ -181,9 +181,22 @@ class RolloutConfig:
     workers: int = 0
     """Ray actors that build and score the shards (``pip install 'groupwise[ray]'``, ``drivers/workers.py``);
     0: the shards run one after another in this process. At most ``shards``."""
+    sync_check: Literal["none", "resync", "error"] = "resync"
+    """After every weight sync, a probe checks that the engine (the generator, each Ray worker) samples from the
+    trainer's weights (``rollout/sync_check.py``): ``resync`` counts a stale engine in ``sync/failures``, syncs
+    again and stops the run if it is still stale; ``error`` stops the run at once, in one line naming the
+    engine; ``none`` checks nothing. Cost: one greedy generate of 32 tokens and one forward per probe; the
+    default ``hf`` generator shares the policy's parameters and is probed once, before its first generation."""
+    sync_check_tol: float = 0.0
+    """The probe's tolerance on mean |Δ log p| between engine and trainer; 0: by ``model.dtype`` (1e-3 in
+    float32, 5e-2 in bfloat16 / float16)."""
 
     def __post_init__(self) -> None:
-        _rules(self, ("shards", lambda v: v >= 1, ">= 1"), ("workers", lambda v: v >= 0, ">= 0 (0: in-process)"))
+        _rules(self, ("shards", lambda v: v >= 1, ">= 1"), ("workers", lambda v: v >= 0, ">= 0 (0: in-process)"),
+               ("sync_check_tol", lambda v: v >= 0, ">= 0 (0: by model.dtype)"))
+        if self.sync_check == "none" and self.sync_check_tol:
+            raise ValueError(f"sync_check_tol={self.sync_check_tol}: unused with sync_check=none; allowed: drop it, "
+                             "or sync_check=resync / error")
         if self.workers > self.shards:
             raise ValueError(f"workers={self.workers}: allowed 0 or at most rollout.shards ({self.shards}): each "
                              "worker builds whole shards")

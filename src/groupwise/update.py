@@ -196,6 +196,7 @@ class Learner:
         self.inert = all(t.entry.advantage_only for t in self.terms)
         self.sharded = fsdp.is_sharded(policy)  # FSDP (models/fsdp.py): passes are collectives, grads reduce-scattered
         self._warned = False
+        self.last_old: dict[int, Tensor | None] = {}  # the last step's π_old per row (``old_logprobs``)
 
     @staticmethod
     def from_config(policy: torch.nn.Module, cfg: RunConfig, pad_id: int, ref: torch.nn.Module | None = None,
@@ -237,6 +238,8 @@ class Learner:
                     (0.0 * self.loss(inp, norm, Sums())).backward()
             outcome = self.optimizer_step(sums)
             skipped, restored = skipped + (outcome != "stepped"), restored + (outcome == "restored")
+        self.last_old = {i: first_old.get(i) if batch.samples[i].old_logprobs is None else batch.samples[i].old_logprobs
+                         for i in mine}
         self.scheduler.step()
         n_plan = float(len(plan))
         if world[1] > 1:  # every rank's terms and passes, so the logged step is the whole batch's
@@ -248,6 +251,12 @@ class Learner:
                     "update/loss_tokens": norm.tokens, "update/policy_forwards": n_plan * o.ppo_epochs,
                     "update/ref_forwards": n_plan * o.ppo_epochs if "ref" in self.needs else 0.0})
         return out
+
+    def old_logprobs(self, row: int) -> Tensor | None:
+        """π_old of the last step's row ``row`` (the log-probs ``mismatch/*`` compares with the sampler's): the
+        first epoch's forward of a fresh row, the stored ones of a replayed row; None for a row this process's
+        update did not run (skipped as inert, or another rank's). Padded past the row's length."""
+        return self.last_old.get(row)
 
     def full_state(self) -> tuple[dict[str, Tensor] | None, dict[str, Any]]:
         """(the policy's whole weights, or None to save the module's own; the optimizer's state dict) for a

@@ -123,6 +123,13 @@ def test_one_run_report(runs, tmp_path):
         page.fill("#search", "")
         page.select_option("#signal", "loss_weight")
         assert "loss weight" in page.locator("#scale").inner_text()
+        assert "sampler_dlogp" in recorded[-1]["signals"]  # the hf generator's log-probs: the gap is recorded
+        page.check("#dlogp")  # the toggle: colour by the sampler-trainer gap ...
+        assert "Δ log p sampler − trainer" in page.locator("#scale").inner_text()
+        assert page.locator("#signal").input_value() == "sampler_dlogp"
+        assert "sampler_dlogp=" in page.locator("#groups .tok").first.get_attribute("title")
+        page.uncheck("#dlogp")  # ... and back to the signal shown before
+        assert page.locator("#signal").input_value() == "loss_weight"
         assert page.locator("#curves svg").count() == 4 and page.locator("#curves polyline").count() >= 2
         page.select_option("#signal", "advantage")
         page.evaluate("window.scrollTo(0, 0)")

@@ -151,3 +151,53 @@ def test_build_gives_the_recorder_the_bare_teacher_and_the_resume_step(tmp_path)
     assert p.recorder.policy_logprobs == p.policy_logprobs and p.recorder.path == cfg.run_dir / "rollouts.jsonl"
     with pytest.raises(ValueError, match="record_groups=-1: must be >= 0"):
         load(None, ["trainer.record_groups=-1"])
+
+
+def test_sampler_dlogp_is_the_sampler_minus_the_updates_old_logprobs(tmp_path, tokenizer, lab):
+    old: dict[int, torch.Tensor | None] = {}
+    rec = Recorder(tmp_path, 2, tokenizer, lab, trainer_logprobs=old.get)
+    groups = [group(tokenizer, "a", [1, 0]), group(tokenizer, "b", [1, 0])]
+    for s in groups[0].samples + groups[1].samples:
+        q = torch.full((s.length,), -1.0)
+        q[0], q[1] = -0.5, float("nan")  # token 1: a forced token, no sampler log-prob
+        s.rollout_logprobs = q
+    n = groups[0].samples[0].length
+    old[0] = torch.cat([torch.tensor([-0.75, -2.0]), torch.full((n - 2,), -0.9), torch.zeros(3)])  # padded past n
+    old[1] = None  # a row the update skipped (inert)
+    run_step(rec, 0, groups, kept=groups[:1])
+    line = lines(rec)[0]
+    assert "sampler_dlogp" in line["signals"]
+    a, b = line["groups"][0]["samples"]
+    # q − π_old: −0.5 − (−0.75) = 0.25; NaN − (−2) = NaN → null; −1 − (−0.9) = −0.1
+    assert a["signals"]["sampler_dlogp"] == [0.25, None] + [-0.1] * (n - 2)
+    assert a["sampler_logprobs"] == [-0.5, None] + [-1.0] * (n - 2)
+    assert "sampler_dlogp" not in b["signals"] and b["sampler_logprobs"][0] == -0.5  # skipped row: q only
+    filtered = line["groups"][1]["samples"][0]
+    assert filtered["filtered"] and "sampler_dlogp" not in filtered["signals"]
+    plain = Recorder(tmp_path / "plain", 1, tokenizer, lab)  # no trainer log-probs given: neither field
+    run_step(plain, 0, groups, kept=groups[:1])
+    s = lines(plain)[0]["groups"][0]["samples"][0]
+    assert "sampler_dlogp" not in lines(plain)[0]["signals"] and "sampler_logprobs" not in s
+
+
+def test_a_run_records_the_gap_its_mismatch_metrics_measure(tmp_path):
+    from groupwise.drivers.trainer import rl_step
+    from groupwise.inspect_report import render, run_data
+
+    over = ["model.warm_start=false", "trainer.threads=1", "trainer.record_groups=2", "rollout.prompts_per_step=4",
+            "rollout.group_size=4", "rollout.max_completion_tokens=12", "rollout.top_p=0.9",
+            "reward.terms=[{name: length_penalty, max_length: 12}]", f"out_dir={tmp_path}"]
+    p = build(load(None, over))
+    metrics = rl_step(p, 0)
+    line = json.loads((p.cfg.run_dir / "rollouts.jsonl").read_text().splitlines()[0])
+    gaps = [abs(v) for g in line["groups"] for s in g["samples"] for v in s["signals"].get("sampler_dlogp", [])
+            if v is not None]
+    assert "sampler_dlogp" in line["signals"] and gaps, "the trained rows carry the gap"
+    assert max(gaps) <= metrics["mismatch/max_abs_dlogp"] * 1.001  # the same δ, over a subset of the rows
+    (p.cfg.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, **metrics}) + "\n")
+    page = render([run_data(p.cfg.run_dir)])
+    assert "sampler_dlogp" in page and "Δ log p sampler − trainer" in page and 'id: "dlogp"' in page
+    fake = build(load(None, [*over, "rollout.generator={name: fake, completions: ['1']}", f"out_dir={tmp_path}/f"]))
+    rl_step(fake, 0)
+    line = json.loads((fake.cfg.run_dir / "rollouts.jsonl").read_text().splitlines()[0])
+    assert "sampler_dlogp" not in line["signals"], "scripted log-probs: no gap to show"

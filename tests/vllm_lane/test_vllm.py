@@ -17,6 +17,7 @@ from groupwise.drivers.setup import build  # noqa: E402
 from groupwise.models.forward import completion_logprobs, pack  # noqa: E402
 from groupwise.rollout.base import Request, SamplingParams  # noqa: E402
 from groupwise.rollout.hf import HFConfig, HFGenerator  # noqa: E402
+from groupwise.rollout.sync_check import StaleEngineError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -97,6 +98,34 @@ def test_weights_reach_the_engine_after_an_update(pipe):
     assert any(len(a) != len(b) or (a - b).abs().max() > 1e-3 for a, b in zip(before, [c.rollout_logprobs for c in again]))
 
 
+def test_an_engine_whose_sync_does_nothing_is_noticed(pipe, monkeypatch):
+    """``rollout.sync_check`` (default ``resync``): the engine's reload silently does nothing once, then
+    always; the probe after ``sync_weights`` notices, resyncs and counts, then stops the run in one line."""
+    engine = pipe.generator.inner
+    pipe.generator.check.metrics()  # this test's counts only
+    reload, calls = engine._reload, []
+    monkeypatch.setattr(engine, "_reload", lambda w: calls.append(1) if len(calls) < 1 else reload(w))
+    g = torch.Generator().manual_seed(1)
+
+    def update():
+        with torch.no_grad():
+            for w in pipe.policy.parameters():
+                w.add_(0.05 * torch.randn(w.shape, generator=g) * w.abs().mean())
+
+    update()
+    pipe.generator.sync_weights(pipe.policy)
+    assert pipe.generator.check.metrics()["sync/failures"] == 1.0, "stale once, resynced"
+    monkeypatch.setattr(engine, "_reload", lambda w: None)
+    update()
+    with pytest.raises(StaleEngineError, match=r"^rollout\.sync_check: generator 'vllm' does not hold the trainer's "
+                                               r"weights after a resync"):
+        pipe.generator.sync_weights(pipe.policy)
+    assert pipe.generator.check.metrics()["sync/failures"] == 2.0  # the probe, then the probe after the resync
+    monkeypatch.undo()
+    pipe.generator.sync_weights(pipe.policy)  # the engine back on the policy's weights for the tests after this one
+    assert pipe.generator.check.metrics()["sync/failures"] == 0.0
+
+
 @pytest.mark.parametrize("sync", ["adapter", "merged"])
 def test_a_lora_policy_reaches_the_engine(pipe, tmp_path, sync):
     """Adapter-only sync (vLLM's LoRA layers, a new adapter version per update) and merged full weights both
@@ -116,6 +145,14 @@ def test_a_lora_policy_reaches_the_engine(pipe, tmp_path, sync):
             assert max_gap(p, reqs, outs) < TOL, f"update {update}"
         if sync == "adapter":
             assert p.generator.inner.lora_request.lora_int_id == 2
+            # an adapter version that never reaches the engine: the sync check stops the run
+            p.generator.inner._push_adapter = lambda: None
+            with torch.no_grad():
+                for n, w in p.policy.named_parameters():
+                    if "lora_" in n:
+                        w.add_(0.05 * torch.randn(w.shape, generator=g))
+            with pytest.raises(StaleEngineError, match="generator 'vllm' does not hold"):
+                p.generator.sync_weights(p.policy)
     finally:
         p.generator.close()
 
@@ -180,6 +217,12 @@ def test_server_mode_generates_and_reloads_weights_from_disk(tmp_path):
         outs = p.generator.generate(reqs[:4] * 2, SamplingParams(24, 1.0), torch.Generator().manual_seed(1))
         assert (tmp_path / p.cfg.name / "vllm" / "sync" / "model.safetensors").exists()
         assert max_gap(p, reqs[:4] * 2, outs) < TOL
+        p.generator.inner._push_to_server = lambda weights: None  # the weights silently never reach the server
+        with torch.no_grad():
+            for w in p.policy.parameters():
+                w.add_(0.05 * torch.randn(w.shape, generator=g) * w.abs().mean())
+        with pytest.raises(StaleEngineError, match="generator 'vllm' does not hold"):
+            p.generator.sync_weights(p.policy)
     finally:
         server.terminate()
         server.wait(timeout=60)

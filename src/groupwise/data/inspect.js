@@ -8,6 +8,7 @@ const SIGNALS = {
   loss_weight: { label: "loss weight", diverging: false, rgb: [22, 163, 74] },
   teacher_gap: { label: "teacher gap log πT − log πθ", diverging: true, rgb: [220, 38, 38], neg: [37, 99, 235] },
   mode: { label: "mode token", diverging: false, rgb: [147, 51, 234] },
+  sampler_dlogp: { label: "Δ log p sampler − trainer", diverging: true, rgb: [234, 88, 12], neg: [13, 148, 136] },
 };
 const FILTERS = {
   all: () => true,
@@ -43,6 +44,12 @@ function fmt(v, d = 3) {
   if (v === null || v === undefined) return "–";
   const s = Number(v).toFixed(d);
   return s.includes(".") ? s.replace(/\.?0+$/, "") : s;
+}
+
+// a per-token number: small ones (a sampler-trainer gap of 1e-6) in exponent form, not rounded to 0
+function num(v) {
+  if (v === null || v === undefined) return "–";
+  return v !== 0 && Math.abs(v) < 1e-3 ? Number(v).toExponential(2) : fmt(v, 4);
 }
 
 // ------------------------------------------------------------------------------------------------ curves
@@ -101,7 +108,7 @@ function curves() {
 }
 
 // ------------------------------------------------------------------------------------------------ rollouts
-const state = { run: 0, step: null, signal: "advantage", filter: "all", search: "" };
+const state = { run: 0, step: null, signal: "advantage", filter: "all", search: "", before: "advantage" };
 
 function colour(sig, v, m) {
   if (v === null || v === undefined) return null;
@@ -115,9 +122,9 @@ function scaleBar(sig, m) {
   const s = SIGNALS[sig];
   const c = (t) => colour(sig, t * m, m) || "#fff";
   const grad = s.diverging ? `linear-gradient(90deg, ${c(-1)}, #fff, ${c(1)})` : `linear-gradient(90deg, #fff, ${c(1)})`;
-  return el("span", { cls: "scale", id: "scale" }, el("span", { text: s.diverging ? fmt(-m) : "0" }),
+  return el("span", { cls: "scale", id: "scale" }, el("span", { text: s.diverging ? num(-m) : "0" }),
     el("span", { cls: "bar", style: `background:${grad}`, title: `${s.label}: colour scale` }),
-    el("span", { text: fmt(m) }), el("span", { cls: "muted", text: s.label }),
+    el("span", { text: num(m) }), el("span", { cls: "muted", text: s.label }),
     el("span", { cls: "tok none", text: " none " , title: "no value: the row was not trained (filtered, dropped)" }));
 }
 
@@ -149,7 +156,7 @@ function tokenSpans(s, sig, m, sigNames) {
   const vals = s.signals[sig];
   return s.tokens.map((t, i) => {
     const v = vals ? vals[i] : null;
-    const nums = sigNames.map((n) => `${n}=${s.signals[n] ? fmt(s.signals[n][i], 4) : "–"}`).join("  ");
+    const nums = sigNames.map((n) => `${n}=${s.signals[n] ? num(s.signals[n][i]) : "–"}`).join("  ");
     const bg = colour(sig, v, m);
     return el("span", { cls: bg ? "tok" : "tok none", style: bg ? `background:${bg}` : null,
       title: `#${i} ${JSON.stringify(t)}  ${nums}`, text: t });
@@ -214,7 +221,18 @@ function rolloutControls() {
   kids.push(el("label", {}, "step", select("step", [["all", "all steps"], ...steps.map((s) => [s, `step ${s}`])], state.step,
     (v) => { state.step = v === "all" ? "all" : Number(v); renderRollouts(); })));
   kids.push(el("label", {}, "colour by", select("signal", (sigs.length ? sigs : ["advantage"]).map((s) => [s, SIGNALS[s].label]),
-    state.signal, (v) => { state.signal = v; renderRollouts(); })));
+    state.signal, (v) => { state.signal = v; rerender(); })));
+  if (sigs.includes("sampler_dlogp")) {  // the toggle: colour by the sampler-trainer gap, and back
+    const box = el("input", { type: "checkbox", id: "dlogp" });
+    box.checked = state.signal === "sampler_dlogp";
+    box.addEventListener("change", () => {
+      if (box.checked) [state.before, state.signal] = [state.signal, "sampler_dlogp"];
+      else state.signal = state.before === "sampler_dlogp" ? "advantage" : state.before;
+      rerender();
+    });
+    kids.push(el("label", { title: "colour tokens by log q − log π_old: the sampler's log-prob minus the trainer's" },
+      box, " Δ log p"));
+  }
   kids.push(el("label", {}, "show", select("filter", Object.keys(FILTERS).map((f) => [f, f]), state.filter,
     (v) => { state.filter = v; renderRollouts(); })));
   const search = el("input", { type: "search", id: "search", placeholder: "search text, prompt, id", value: state.search });

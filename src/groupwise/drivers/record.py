@@ -13,7 +13,11 @@ edit) is kept next to its group with ``dropped`` True.
 Per-token signals, on the rows the update saw: ``advantage`` (after credit), ``loss_weight``, ``teacher_gap``
 (log π_T − log π_θ, only with a teacher: one policy pass and one teacher pass over the recorded rows, after
 the update, through the teacher's inner object so that ``teacher/forwards`` counts training passes only) and
-``mode`` (1 on the mode token of a sample with ``meta["mode"]``). Cost per step: ``perf/record_s`` (and
+``mode`` (1 on the mode token of a sample with ``meta["mode"]``) and, when the generator's log-probs are its
+sampling distribution's (not ``fake``), ``sampler_dlogp`` = log q − log π_old (the sampler's log-prob minus the
+trainer's, the δ of ``mismatch/*`` with the sign flipped; from the update's own forward, no extra pass; null on
+rows the update skipped and on tokens the sampler reports no log-prob for), with each sample's
+``sampler_logprobs`` (log q per token, null for forced tokens). Cost per step: ``perf/record_s`` (and
 ``perf/record_teacher_s``). Lines carry the metrics' step number (``step + 1``); a recorder created with a
 resume step drops the lines after it, as ``log.Logger`` drops metric lines.
 """
@@ -41,6 +45,12 @@ def _num(x: float, digits: int = 4) -> float | None:
     """A JSON-safe float (NaN and inf become null), rounded to keep the file small."""
     x = float(x)
     return round(x, digits) if math.isfinite(x) else None
+
+
+def _sig(x: float, digits: int = 4) -> float | None:
+    """A JSON-safe float kept to ``digits`` significant digits (a sampler-trainer gap of 1e-7 stays visible)."""
+    x = float(x)
+    return float(f"{x:.{digits}g}") if math.isfinite(x) else None
 
 
 def prompt_text(problem: Problem) -> str:
@@ -87,10 +97,13 @@ class Recorder:
 
     def __init__(self, run_dir: str | Path | None, n_groups: int, tokenizer: Any, task: Any,
                  resume_step: int | None = None, teacher: Any = None,
-                 policy_logprobs: Callable[[list[Sample]], list[Tensor]] | None = None):
+                 policy_logprobs: Callable[[list[Sample]], list[Tensor]] | None = None,
+                 trainer_logprobs: Callable[[int], Tensor | None] | None = None):
+        """``trainer_logprobs(row)``: π_old of a TokenBatch row from the last update (``Learner.old_logprobs``);
+        given, the samples carry ``sampler_logprobs`` and the ``sampler_dlogp`` signal."""
         self.path = Path(run_dir) / "rollouts.jsonl" if run_dir is not None else None  # None: writes nothing
         self.n, self.tokenizer, self.task = n_groups, tokenizer, task
-        self.teacher, self.policy_logprobs = teacher, policy_logprobs
+        self.teacher, self.policy_logprobs, self.trainer_logprobs = teacher, policy_logprobs, trainer_logprobs
         self._seen: list[tuple[Group, list[Sample]]] = []
         # a fresh run's first step replaces the file; building touches nothing
         self._fresh = resume_step is None and self.path is not None
@@ -122,7 +135,8 @@ class Recorder:
             "difficulty": g.problem.difficulty},
             "samples": [self._sample(s, b, flag, tokens, gap_of.get((id(s), b))) for s, b, flag in rs]}
             for kind, g, rs in picked]
-        signals = ["advantage", "loss_weight", *(["teacher_gap"] if self.teacher is not None else []), "mode"]
+        signals = ["advantage", "loss_weight", *(["teacher_gap"] if self.teacher is not None else []), "mode",
+                   *(["sampler_dlogp"] if self.trainer_logprobs is not None else [])]
         out = {"perf/record_s": time.perf_counter() - t0}
         if self.teacher is not None:
             out["perf/record_teacher_s"] = t_teacher
@@ -161,6 +175,16 @@ class Recorder:
             out["advantage"] = _num(adv[mask].mean()) if bool(mask.any()) else 0.0
         if gap is not None:
             sig["teacher_gap"] = [_num(v) for v in gap.tolist()]
+        if self.trainer_logprobs is not None:
+            self._sampler(s, row, out)
         if s.meta.get("mode") is not None and n:
             sig["mode"] = [1.0] + [0.0] * (n - 1)
         return out
+
+    def _sampler(self, s: Sample, row: int | None, out: dict) -> None:
+        """``sampler_logprobs`` (log q) and, on a row the update ran, the ``sampler_dlogp`` signal log q − log π_old."""
+        q = s.rollout_logprobs.float()
+        out["sampler_logprobs"] = [_sig(v) for v in q.tolist()]
+        old = self.trainer_logprobs(row) if row is not None else None
+        if old is not None:
+            out["signals"]["sampler_dlogp"] = [_sig(v, 3) for v in (q - old[:s.length].float().cpu()).tolist()]

@@ -43,6 +43,7 @@ from groupwise.rollout.base import (
     close,
     release,
 )
+from groupwise.rollout.sync_check import Probe, SyncCheck, tolerance
 from groupwise.select import Selector
 from groupwise.tasks.base import Task, render_prompt, stable_seed
 from groupwise.teachers import Teacher, TeacherWant
@@ -52,16 +53,28 @@ from groupwise.update import Learner, data_parallel
 
 class CountingGenerator:
     """Wraps a Generator and counts what it does: completion ``tokens``, ``prompt_tokens`` and ``seconds``
-    (reset by the driver each step)."""
+    (reset by the driver each step). With a ``check`` (``rollout.sync_check``) it verifies, after every
+    ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
+    (``rollout/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
+    parameters: the ``hf`` generator; ``Generator``); the last ``probe`` is what a Ray worker sends back
+    (``drivers/workers.py``).
+    The probe's generation goes to ``engine`` (default ``inner``; under ``rollout.tools``, the engine inside the
+    tool loop, so a probe never calls a tool) directly: it is not counted and draws from none of the run's
+    streams."""
 
-    def __init__(self, inner: Generator):
-        self.inner = inner
+    def __init__(self, inner: Generator, check: SyncCheck | None = None, name: str = "",
+                 model: torch.nn.Module | None = None, engine: Generator | None = None):
+        self.inner, self.check, self.name, self.model = inner, check, name, model
+        self.engine = engine if engine is not None else inner
+        self.probe: Probe | None = None
         self.reset()
 
     def reset(self) -> None:
         self.tokens, self.prompt_tokens, self.seconds = 0, 0, 0.0
 
     def generate(self, requests, params, rng):
+        if self.check is not None and self.probe is None and self.model is not None:
+            self._verify(self.model, logged=False)  # the engine's first weights (vLLM starts from dummy ones)
         t0 = time.perf_counter()
         out = self.inner.generate(requests, params, rng)
         self.seconds += time.perf_counter() - t0
@@ -69,8 +82,16 @@ class CountingGenerator:
         self.prompt_tokens += sum(int(r.prompt_ids.numel()) for r in requests)
         return out
 
-    def sync_weights(self, model) -> None:
-        self.inner.sync_weights(model)
+    def sync_weights(self, model, check_shared: bool = False) -> None:
+        """``check_shared``: probe also an engine that shares ``model``'s parameters (a Ray worker: its policy
+        came from the driver, and the probe is what the driver compares with its own)."""
+        shared = self.inner.sync_weights(model) is True
+        if self.check is not None and (check_shared or not shared):
+            self._verify(model)
+
+    def _verify(self, model, logged: bool = True) -> None:
+        self.probe = self.check.verify(f"generator '{self.name}'", self.engine, model,
+                                       lambda: self.inner.sync_weights(model), logged)
 
     def release(self) -> None:
         release(self.inner)
@@ -215,6 +236,8 @@ class Pipeline:
         out.update(self.reward.metrics())
         if self.shards is not None:
             out.update(self.shards.metrics())
+        if self.generator.check is not None:  # the generator's and the Ray workers' probes (one SyncCheck)
+            out.update(self.generator.check.metrics())
         if self.teacher is not None:
             out.update(self.teacher.metrics())
         return out
@@ -263,14 +286,27 @@ def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress,
     return policy, tokenizer, initial_policy
 
 
-def _generator(cfg: RunConfig, env: BuildEnv) -> Generator:
-    """The run's generator; with ``rollout.tools``, inside the multi-turn tool loop (``rollout/tools.py``)."""
-    generator = catalog.build(cfg.rollout.generator, env)
-    if cfg.rollout.tools is None:
-        return generator
-    from groupwise.rollout import tools
+def _generator(cfg: RunConfig, env: BuildEnv, policy: torch.nn.Module, tokenizer) -> CountingGenerator:
+    """The run's generator, counted and its weight syncs checked; with ``rollout.tools``, inside the multi-turn
+    tool loop (``rollout/tools.py``; the sync probe goes to the engine inside it)."""
+    engine = catalog.build(cfg.rollout.generator, env)
+    generator = engine
+    if cfg.rollout.tools is not None:
+        from groupwise.rollout import tools
 
-    return tools.wrap(generator, cfg.rollout.tools, env.task, env.tokenizer)
+        generator = tools.wrap(engine, cfg.rollout.tools, env.task, env.tokenizer)
+    return CountingGenerator(generator, sync_check(cfg, env.task, tokenizer), cfg.rollout.generator.name, policy,
+                             engine)
+
+
+def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
+    """The run's weight-sync check (``rollout.sync_check``); none with ``none`` or when the generator's log-probs are
+    scripted (``logprobs=False``: nothing to compare). The probe prompt is the task's first training problem."""
+    r = cfg.rollout
+    if r.sync_check == "none" or not catalog.registry(r.generator.kind).get(r.generator.name).logprobs:
+        return None
+    return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, cfg.model.dtype),
+                     encode(task.train[0], tokenizer, cfg.model.chat_template), tokenizer.pad_token_id)
 
 
 def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True,
@@ -314,13 +350,16 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
                          rc.fail_fast)
     pipe = Pipeline(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
-        generator=CountingGenerator(_generator(cfg, env)), builder=builder,
+        generator=_generator(cfg, env, policy, tokenizer), builder=builder,
         transforms=transforms, reward=reward, filter=filter_,
         advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
         replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
         parts=parts, recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer,
                                        task, resume_step, teacher))
-    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*)
+    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);
+    # its sampler-trainer gap: the update's π_old, when the generator's log-probs are its sampling distribution's
     pipe.recorder.policy_logprobs = pipe.policy_logprobs
+    if catalog.registry(cfg.rollout.generator.kind).get(cfg.rollout.generator.name).logprobs:
+        pipe.recorder.trainer_logprobs = learner.old_logprobs
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe)
     return pipe

@@ -28,6 +28,10 @@ several shards an empty one (fewer problems than shards, e.g. a small refill) is
   process) and shut down when training ends, at exit at the latest. In a Ray session the caller started (a
   notebook, the tests) it stays up, and the next run there takes the idle actors over (``prestart``) instead
   of starting new processes.
+- The weights are checked (``rollout.sync_check``, ``rollout/sync_check.py``): after each weight load an actor
+  probes its own generator and sends the probe back with every shard; the driver compares it with its policy
+  (``RayWorkers._stale``). A stale shard stops the run (``error``) or, with ``resync``, is dropped with its
+  seed counters, the weights are sent again and the shard rerun: its samples are those of a good sync.
 - Workers hold nothing a checkpoint needs: a resumed run sends its restored weights with the first shard.
   Components that would keep state in a worker (``stateful``, ``reports`` or ``driver_only`` generators,
   builders and reward terms) are refused when the config loads (``config._check_workers``). A builder in a
@@ -54,6 +58,7 @@ from groupwise.types import Group, Problem
 
 if TYPE_CHECKING:
     from groupwise.drivers.setup import Pipeline
+    from groupwise.rollout.sync_check import Probe
 
 MAX_TRIES = 3
 """A shard is run at most this many times (its worker died on every try: the run stops)."""
@@ -154,6 +159,7 @@ class ShardResult:
     seconds: float
     errors: dict[str, float]
     pid: int
+    probe: Probe | None = None  # the worker's sync probe at its current weights (``rollout.sync_check``)
 
 
 class Worker:
@@ -181,14 +187,14 @@ class Worker:
         assert self.p is not None
         if version != self.version:
             load_trainable(self.p.policy, ray.get(weights[0]))
-            self.p.generator.sync_weights(self.p.policy)
+            self.p.generator.sync_weights(self.p.policy, check_shared=True)  # the probe goes back to the driver
             self.version = version
         gen = self.p.generator
         gen.reset()
         groups = run_shard(self.p, problems, step, shard, draws)
         mine = {k: v for k, v in draws.items() if k[1] == shard}
         return ShardResult(groups, mine, gen.tokens, gen.prompt_tokens, gen.seconds, self.p.reward.take_errors(),
-                           os.getpid())
+                           os.getpid(), gen.probe)
 
     def _use(self, setup: tuple[str, tuple]) -> None:
         """Build the pipeline of ``setup`` = (run id, (config dict, torch threads, environment)), sent inline
@@ -333,7 +339,7 @@ class RayWorkers:
         parts = deal(problems, n)
         todo = [i for i in range(n) if parts[i] or n == 1]
         done: dict[int, list[Group]] = {}
-        idle, running = list(range(len(self.actors))), {}
+        idle, running, resent = list(range(len(self.actors))), {}, set()
         while todo or running:
             while todo and idle:
                 i, k = todo.pop(0), idle.pop(0)
@@ -344,10 +350,29 @@ class RayWorkers:
             k, i = running.pop(ref)
             idle.append(k)
             try:
-                done[i] = self._absorb(self.ray.get(ref), k, step, draws)
+                result = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as e:  # Ray restarted it and reran the shard MAX_TRIES times
                 raise self.stopped(f"step {step}", f"rollout shard {i}'s worker died {MAX_TRIES} times", e) from None
+            if self._stale(result, k, retry=i not in resent):  # resync: send the weights again, rerun the shard
+                resent.add(i)
+                self.weights, self.version = self.ray.put(trainable(self.p.policy)), self.version + 1
+                todo.insert(0, i)
+                continue
+            done[i] = self._absorb(result, k, step, draws)
         return interleave([done[i] for i in sorted(done)])
+
+    def _stale(self, r: ShardResult, k: int, retry: bool) -> bool:
+        """Whether actor ``k``'s probe (its generator, after its last weight load) is off the driver's policy
+        (``rollout.sync_check``): counted in ``sync/failures``; raises unless ``retry`` (resync mode, the
+        shard's first failure). The stale shard's result is dropped whole: its seed counters too, so the rerun
+        draws the same seeds."""
+        check = self.p.generator.check
+        if check is None or r.probe is None:
+            return False
+        g = check.stale(self.p.policy, r.probe)
+        if g is not None:
+            check.failed(f"rollout worker {k} (pid {r.pid})", g, retry)
+        return g is not None
 
     def stopped(self, where: str, what: str, e: BaseException) -> RunStopped:
         """The one line a run stops with when its workers are gone: the Ray node itself died, or ``what`` (a

@@ -63,14 +63,20 @@ def _units(model: torch.nn.Module) -> list[Any]:
 def full_weights(model: torch.nn.Module) -> Iterator[None]:
     """Inside, ``model`` has its whole weights on every rank and a forward is local (no collective), so ranks
     may run different numbers of forwards; every rank must enter (the gather is a collective). A no-op for an
-    unsharded model."""
+    unsharded model, and inside another ``full_weights`` of the same model (the outer one reshards: a nested
+    exit must not, or the ranks' later forwards would become collectives)."""
+    if getattr(model, "_groupwise_full_weights", False):
+        yield
+        return
     units = _units(model) if is_sharded(model) else []
     for u in units:
         u.unshard()
         u.set_reshard_after_forward(False)
+    model._groupwise_full_weights = True
     try:
         yield
     finally:
+        model._groupwise_full_weights = False
         for u in units:
             u.reshard()
             u.set_reshard_after_forward(True)

@@ -41,14 +41,17 @@ class Generator(Protocol):
     full vocabulary (before top-p: on the trainer's support, see ``types.Completion``); for temperature 0 they
     are the temperature-1 log-probs. A generator registered with ``logprobs=False`` returns scripted values. Identical prompts may share one prefill.
     ``sync_weights`` is called after every optimizer step (a no-op when the generator shares the
-    training model's parameters, as the ``hf`` backend does). Two optional methods, for engines that hold
+    training model's parameters, as the ``hf`` backend does); it returns True only when the engine samples from
+    ``model``'s own parameters, so nothing can go stale and the weight-sync check (``rollout/sync_check.py``)
+    skips its probe; any other return (None) means "probe me": an engine holding a copy must not return True.
+    Two optional methods, for engines that hold
     memory or processes (``vllm``): ``release()``, called when a step's rollout stage ends (free memory for
     the update; the next ``generate`` takes it back), and ``close()``, called once when the run ends.
     """
 
     def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]: ...
 
-    def sync_weights(self, model: torch.nn.Module) -> None: ...
+    def sync_weights(self, model: torch.nn.Module) -> bool | None: ...
 
 
 def eos_ids(model: torch.nn.Module, tokenizer) -> list[int]:

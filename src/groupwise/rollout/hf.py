@@ -62,8 +62,11 @@ class HFGenerator:
         self._warned = False
         self.decode_path = ""  # the decode path of the last generate call: fused, or model (and why)
 
-    def sync_weights(self, model: torch.nn.Module) -> None:  # shares parameters with the trainer
+    def sync_weights(self, model: torch.nn.Module) -> bool:
+        """It samples from the trainer's own parameters: nothing to copy, nothing the sync check must probe
+        (``Generator``). A variant that samples from a copy must return None here."""
         assert model is self.model
+        return True
 
     @torch.no_grad()
     def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:

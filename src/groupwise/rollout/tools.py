@@ -88,8 +88,8 @@ class ToolLoop:
         self.open_tag, self.close_tag = f"<{cfg.tool}>", f"</{cfg.tool}>"
         self.end_ids = tokenizer.encode("</result>", add_special_tokens=False)
 
-    def sync_weights(self, model) -> None:
-        self.inner.sync_weights(model)
+    def sync_weights(self, model) -> bool | None:
+        return self.inner.sync_weights(model)
 
     def release(self) -> None:
         release(self.inner)

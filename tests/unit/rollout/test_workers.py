@@ -14,6 +14,7 @@ from groupwise.drivers.setup import build
 from groupwise.drivers.trainer import rl_step, train
 from groupwise.drivers.workers import deal, interleave
 from groupwise.registry import ConfigError
+from groupwise.rollout.sync_check import StaleEngineError
 from groupwise.tasks.base import stable_seed
 
 ARGS = ["model.warm_start=false", "trainer.threads=1", "trainer.record_groups=0", "rollout.prompts_per_step=4",
@@ -51,9 +52,8 @@ def run(tmp_path, *overrides: str, steps: int = STEPS):
     inner = p.filter
     p.filter = lambda groups, n, make: (seen.append(groups), inner(groups, n, make))[1]
     seeds: list[int] = []
-    generate = p.generator.inner.generate
-    p.generator.inner.generate = lambda reqs, params, rng: (seeds.append(rng.initial_seed()),
-                                                             generate(reqs, params, rng))[1]
+    generate = p.generator.generate  # the run's generations (the sync check's probes go to the engine directly)
+    p.generator.generate = lambda reqs, params, rng: (seeds.append(rng.initial_seed()), generate(reqs, params, rng))[1]
     try:
         metrics = [rl_step(p, s) for s in range(steps)]
     finally:
@@ -66,10 +66,12 @@ def samples(seen) -> list:
             for groups in seen for g in groups for s in g.samples]
 
 
-def comparable(metrics: list[dict[str, float]]) -> list[dict[str, float]]:
-    """Everything but wall-clock timings and the worker-only restart count."""
+def comparable(metrics: list[dict[str, float]], skip: tuple[str, ...] = ()) -> list[dict[str, float]]:
+    """Everything but wall-clock timings, the worker-only restart count, the sync probe's gap (with workers it
+    also covers the workers' probes, in their own processes) and the keys in ``skip``."""
+    drop = ("rollout/worker_restarts", "sync/probe_dlogp", *skip)
     return [{k: v for k, v in m.items() if not k.startswith("perf/") or k in ("perf/gen_tokens", "perf/prompt_tokens")}
-            for m in ({k: v for k, v in m.items() if k != "rollout/worker_restarts"} for m in metrics)]
+            for m in ({k: v for k, v in m.items() if k not in drop} for m in metrics)]
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +135,19 @@ def test_killed_worker_is_restarted_and_its_shard_retried(ray_session, in_proces
     assert [m["rollout/worker_restarts"] for m in metrics] == [0.0, 1.0, 0.0]
     assert samples(seen) == samples(in_process[0]), "the retried shard drew what the undisturbed run drew"
     assert comparable(metrics) == comparable(in_process[1])
+
+
+def test_workers_that_keep_old_weights_are_noticed(ray_session, in_process, tmp_path, monkeypatch):
+    """The driver's sync silently sends nothing: each actor keeps the weights it first loaded. Its probe (its
+    generator after its last load) is compared with the driver's policy when its shard comes back."""
+    monkeypatch.setattr(workers.RayWorkers, "sync_weights", lambda self, policy: None)
+    with pytest.raises(StaleEngineError, match=r"^rollout\.sync_check: rollout worker \d \(pid \d+\) does not hold"):
+        run(tmp_path / "error", "rollout.shards=2", "rollout.workers=2", "rollout.sync_check=error")
+    seen, metrics, _ = run(tmp_path / "resync", "rollout.shards=2", "rollout.workers=2")  # resync: the default
+    failures = [m["sync/failures"] for m in metrics]
+    assert failures[0] == 0 and sum(failures) >= 2, failures  # a stale shard each after the first update
+    assert samples(seen) == samples(in_process[0]), "every stale shard was rerun on the driver's weights"
+    assert comparable(metrics, ("sync/failures",)) == comparable(in_process[1], ("sync/failures",))
 
 
 def test_resume_with_workers_equals_resume_in_process(ray_session, tmp_path):
