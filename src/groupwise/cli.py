@@ -300,10 +300,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:  # a run that stopped on purpose (non-finite weights); other errors are bugs
+    except RuntimeError as e:  # a run that stopped on purpose (non-finite weights, a failed background update)
+        from groupwise.drivers.lag import UpdateFailed
         from groupwise.update import NonFiniteWeights
 
-        if not isinstance(e, NonFiniteWeights):
+        if not isinstance(e, (NonFiniteWeights, UpdateFailed)):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1
