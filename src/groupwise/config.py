@@ -573,6 +573,8 @@ def _check(cfg: RunConfig) -> None:
         if "teacher_topk" in needs and not getattr(cfg.teacher.cfg, "top_k", 0):
             raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs the teacher's top-k support; set teacher.top_k")
     _check_importance_sampling(cfg)
+    if cfg.rollout.max_async_level:
+        _check_async(cfg)
     from groupwise.catalog import refusal
 
     for engine, on in (("vllm", cfg.rollout.generator.name == "vllm"), ("ray", cfg.rollout.workers > 0)):
@@ -581,8 +583,6 @@ def _check(cfg: RunConfig) -> None:
             raise ConfigError(f"driver: {why}")
     if cfg.rollout.workers:
         _check_workers(cfg)
-    if cfg.rollout.max_async_level:
-        _check_async(cfg)
     if cfg.trainer.data_parallel == "fsdp":
         for key, on in (("model.lora", cfg.model.lora is not None), ("rollout.workers", cfg.rollout.workers > 0)):
             if on:

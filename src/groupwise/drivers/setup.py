@@ -334,7 +334,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*)
     pipe.recorder.policy_logprobs = pipe.policy_logprobs
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe)
-    if cfg.rollout.max_async_level and not worker:  # the rollout stage on a weight snapshot (drivers/lag.py)
+    if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (drivers/lag.py)
         from groupwise.drivers.lag import Lag
 
         pipe.lag = Lag(pipe, lambda model: CountingGenerator(_generator(cfg, dataclasses.replace(env, policy=model))))
