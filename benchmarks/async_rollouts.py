@@ -1,6 +1,7 @@
 """Steps per second of the synchronous loop against asynchronous rollouts (``rollout.max_async_level`` 1, 2).
 
-    python benchmarks/async_rollouts.py [--recipe recipes/grpo_lab.yaml] [--steps 8] [--threads 1 2] [KEY=VALUE ...]
+    python benchmarks/async_rollouts.py [--recipe recipes/grpo_lab.yaml] [--steps 6] [--threads 1 2] [--rounds 3]
+                                        [KEY=VALUE ...]
 
 One invocation runs the recipe with K = 0, 1, 2 for every ``--threads`` value (``trainer.threads``: torch's
 intra-op threads, process-wide), everything else equal, each for ``--steps`` RL steps through the loop's own
@@ -12,13 +13,15 @@ and step 1, which rolls out twice and overlaps nothing, is left out, as are star
 Thread split: the rollout stage runs in the main thread, the update in one background thread; torch gives
 each calling thread its own intra-op team of ``trainer.threads`` threads, so ``--threads 1`` runs at most two
 busy threads (one per core on a 2-core machine) and ``--threads 2`` up to four. Prints a markdown table (steps/s,
-mean rollout and update seconds per step, each K's ratio to K=0 at the same thread count) and how much two
-threads gain over one on this machine at all (two single-thread matmul loops at once against one).
+rollout and update seconds per step, each K's ratio to K=0 at the same thread count; medians over ``--rounds``
+rounds that run every setting in turn, so that the load of a shared machine drifts over all of them alike) and
+how much two threads gain over one on this machine at all (two single-thread matmul loops at once against one).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import threading
 import time
@@ -81,22 +84,34 @@ def measure(recipe: str, overrides: list[str], steps: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default=str(ROOT / "recipes" / "grpo_lab.yaml"))
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=3, help="K = 0, 1, 2 in turn, this many times (medians reported)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    scaling = thread_scaling()
     out = tempfile.mkdtemp(prefix="async_bench_")
     base = [*args.overrides, f"out_dir={out}", "trainer.progress=false", "eval.before=false", "eval.after=false"]
-    print(f"two threads did {scaling:.2f}x the matmul work of one on this machine\n")
-    print("| threads | K | steps/s | rollout s/step | update s/step | mean staleness | vs K=0 |\n|---|---|---|---|---|---|---|")
+    got: dict[tuple[int, int], list[dict[str, float]]] = {}
+    scaling = []
+    for _ in range(args.rounds):  # interleaved, so that a shared machine's load drifts over every K alike
+        scaling.append(thread_scaling())
+        for threads in args.threads:
+            for k in (0, 1, 2):
+                over = [*base, f"trainer.threads={threads}", f"rollout.max_async_level={k}"]
+                got.setdefault((threads, k), []).append(measure(args.recipe, over, args.steps))
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    print(f"two threads did {med(scaling):.2f}x the matmul work of one on this machine (median of "
+          f"{', '.join(f'{x:.2f}' for x in scaling)})\n")
+    print("| threads | K | steps/s (median [min, max]) | rollout s/step | update s/step | mean staleness | vs K=0 |\n"
+          "|---|---|---|---|---|---|---|")
     for threads in args.threads:
-        first = None
         for k in (0, 1, 2):
-            m = measure(args.recipe, [*base, f"trainer.threads={threads}", f"rollout.max_async_level={k}"], args.steps)
-            first = first or m["steps_s"]
-            print(f"| {threads} | {k} | {m['steps_s']:.3f} | {m['rollout_s']:.2f} | {m['update_s']:.2f} | "
-                  f"{m['staleness']:.1f} | {m['steps_s'] / first:.2f}x |", flush=True)
+            ms = got[(threads, k)]
+            sps = [m["steps_s"] for m in ms]
+            ratio = med(sps) / med([m["steps_s"] for m in got[(threads, 0)]])
+            print(f"| {threads} | {k} | {med(sps):.3f} [{min(sps):.3f}, {max(sps):.3f}] | "
+                  f"{med([m['rollout_s'] for m in ms]):.2f} | {med([m['update_s'] for m in ms]):.2f} | "
+                  f"{med([m['staleness'] for m in ms]):.1f} | {ratio:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -199,3 +199,10 @@ def test_sigterm_saves_and_the_resumed_run_matches(tmp_path, cache, monkeypatch)
     monkeypatch.setattr(Learner, "step", real)
     assert run(tmp_path / "b", cache, monkeypatch, "rollout.max_async_level=1", "trainer.steps=4",
                resume=True) == whole
+
+
+def test_groups_older_than_k_are_refused(tmp_path, cache, monkeypatch):
+    real = lag_mod.Lag.at
+    monkeypatch.setattr(lag_mod.Lag, "at", lambda self, step: (real(self, step)[0], step - 2))  # a wrong lag
+    with pytest.raises(RuntimeError, match=r"step 1: groups of policy version -2; rollout.max_async_level=1"):
+        run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1")
