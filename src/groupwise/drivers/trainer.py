@@ -57,9 +57,8 @@ class Work:
 def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     """One synchronous RL step through every stage (``rollout.max_async_level: 0``); returns its metrics."""
     t0 = time.perf_counter()
-    with p.full_weights():  # FSDP: the rollout stage runs on the whole weights (a no-op otherwise)
-        r = rollout_stage(p, step, version=step)
-    work = prepare(p, r)
+    with p.full_weights():  # FSDP: rollout, advantage, replay, credit on the whole weights (else a no-op)
+        work = prepare(p, rollout_stage(p, step, version=step))
     p.generator.release()  # the rollout stage is over (an engine may free its memory for the update)
     t1 = time.perf_counter()
     return finish(p, work, p.learner.step(work.tokens) if work.tokens.samples else {}, t0, t1)
@@ -136,12 +135,11 @@ def prepare(p: Pipeline, r: Rollout) -> Work:
     k, old = p.cfg.rollout.max_async_level, [g.policy_version for g in r.groups]
     if old and r.step - min(old) > k:  # the lag is fixed, so this is a bug, never a slow generator
         raise RuntimeError(f"step {r.step + 1}: groups of policy version {min(old)}; rollout.max_async_level={k}")
-    with p.full_weights():
-        batch = ScoredBatch.from_groups(r.groups, r.step)
-        adv = p.advantage(batch) if r.groups else torch.zeros(0, 0)
-        for transform in p.advantage_transforms:
-            adv = transform(batch, adv)
-        replayed = p.replay.sample(r.step, p.context(r.step, draws=r.draws))
+    batch = ScoredBatch.from_groups(r.groups, r.step)
+    adv = p.advantage(batch) if r.groups else torch.zeros(0, 0)
+    for transform in p.advantage_transforms:
+        adv = transform(batch, adv)
+    replayed = p.replay.sample(r.step, p.context(r.step, draws=r.draws))
     tokens = TokenBatch.build(r.groups, adv, replayed)
     for credit in p.credit:
         tokens = credit(tokens)
