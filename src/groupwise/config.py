@@ -190,10 +190,20 @@ class RolloutConfig:
     sync_check_tol: float = 0.0
     """The probe's tolerance on mean |Δ log p| between engine and trainer; 0: by ``model.dtype`` (1e-3 in
     float32, 5e-2 in bfloat16 / float16)."""
+    max_async_level: int = 0
+    """K: asynchronous rollouts with a fixed lag (``drivers/lag.py``). Step t's rollouts are sampled by policy
+    version max(0, t − K) (version = updates applied), on a frozen copy of the weights, while step t − 1's
+    update runs in a background thread; their PPO behaviour log-probs are that version's. 0: the synchronous
+    loop. Generators that support it are registered ``snapshot=True`` (``hf``, ``fake``)."""
+    async_timeout_s: float = 3600.0
+    """With ``max_async_level`` > 0: the longest the loop waits for a background update before it stops the
+    run in one line (a hung update); the last checkpoint is intact."""
 
     def __post_init__(self) -> None:
         _rules(self, ("shards", lambda v: v >= 1, ">= 1"), ("workers", lambda v: v >= 0, ">= 0 (0: in-process)"),
-               ("sync_check_tol", lambda v: v >= 0, ">= 0 (0: by model.dtype)"))
+               ("sync_check_tol", lambda v: v >= 0, ">= 0 (0: by model.dtype)"),
+               ("max_async_level", lambda v: v >= 0, ">= 0 (0: synchronous rollouts)"),
+               ("async_timeout_s", lambda v: v > 0, "> 0 (seconds)"))
         if self.sync_check == "none" and self.sync_check_tol:
             raise ValueError(f"sync_check_tol={self.sync_check_tol}: unused with sync_check=none; allowed: drop it, "
                              "or sync_check=resync / error")
@@ -582,6 +592,8 @@ def _check(cfg: RunConfig) -> None:
         if "teacher_topk" in needs and not getattr(cfg.teacher.cfg, "top_k", 0):
             raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs the teacher's top-k support; set teacher.top_k")
     _check_importance_sampling(cfg)
+    if cfg.rollout.max_async_level:
+        _check_async(cfg)
     from groupwise.catalog import refusal
 
     for engine, on in (("vllm", cfg.rollout.generator.name == "vllm"), ("ray", cfg.rollout.workers > 0)):
@@ -624,6 +636,26 @@ def _check_workers(cfg: RunConfig) -> None:
         if why:
             raise ConfigError(f"{where}: {spec.kind} '{spec.name}' {why}, which would live in a Ray worker; "
                               "allowed with rollout.workers: 0 (its shards then run in this process)")
+
+
+def _check_async(cfg: RunConfig) -> None:
+    """``rollout.max_async_level`` > 0 runs the rollout stage on a weight snapshot while a background thread
+    updates the policy: the generator must be rebuildable on a snapshot, and nothing in the rollout stage may
+    read the weights being updated (``drivers/lag.py``)."""
+    k, gen = cfg.rollout.max_async_level, cfg.rollout.generator.name
+    entry = registry("generator").get(gen)
+    if not entry.snapshot:
+        ok = [n for n in registry("generator").names() if registry("generator").get(n).snapshot]
+        raise ConfigError(f"rollout.max_async_level={k}: generator '{gen}' cannot sample from a weight snapshot; "
+                          f"allowed: rollout.max_async_level=0, or generator {' | '.join(ok)}")
+    for key, on, why in (
+            ("rollout.workers", cfg.rollout.workers > 0, "Ray workers hold the current weights, not a snapshot"),
+            ("trainer.data_parallel", cfg.trainer.data_parallel == "fsdp", "FSDP gathers weights collectively"),
+            ("teacher", cfg.teacher.name == "privileged", "a privileged teacher reads the weights being updated"),
+            ("driver", cfg.driver.name != "single", "only the single-policy loop runs lagged steps")):
+        if on:
+            raise ConfigError(f"rollout.max_async_level={k}: not built with {key} here ({why}); allowed: "
+                              f"rollout.max_async_level=0 with it")
 
 
 def _check_out_dir(cfg: RunConfig, lines: _Lines) -> None:

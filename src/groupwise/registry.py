@@ -13,7 +13,8 @@ kind's Protocol (``Registry.protocol``). Optional abilities are declared when a 
 probed: ``stateful`` (``state_dict()`` / ``load_state_dict()``, checkpointed), ``reports`` (``metrics() ->
 dict[str, float]``, merged into each step's metrics), ``driver_only`` (it must run in the training process:
 never in a Ray rollout worker), for generators ``logprobs`` (its completions carry the sampler's own
-log-probs; false for a scripted one, which the importance-sampling correction refuses), and for loss terms
+log-probs; false for a scripted one, which the importance-sampling correction refuses) and ``snapshot`` (it
+can be built on a frozen copy of the weights: asynchronous rollouts), and for loss terms
 ``needs`` (inputs the update must compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
 rows). Unknown names fail with the valid names and the closest match.
 """
@@ -92,6 +93,9 @@ class Entry(Generic[T]):
     logprobs: bool = True
     """A generator's ``rollout_logprobs`` are its sampling distribution's (false: scripted values, e.g. the
     ``fake`` generator's constant; ``loss.importance_sampling`` is then refused at load)."""
+    snapshot: bool = False
+    """A generator built on ``env.policy`` samples from that module alone, so a second one built on a frozen
+    copy of the weights samples from the copy (``rollout.max_async_level`` > 0 needs it; ``drivers/lag.py``)."""
 
     @property
     def origin(self) -> str:
@@ -162,7 +166,7 @@ class Registry(Generic[T]):
     def register(self, name: str, config: type = NoConfig, *, stateful: bool = False, reports: bool = False,
                  needs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (), advantage_only: bool = False,
                  label: Callable[[Any], str] | None = None, driver_only: bool = False,
-                 logprobs: bool = True) -> Callable[[T], T]:
+                 logprobs: bool = True, snapshot: bool = False) -> Callable[[T], T]:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"{self.kind} '{name}': config must be a dataclass, got {config!r}")
         bad = [] if callable(needs) else [n for n in needs if n not in NEEDS]
@@ -176,7 +180,7 @@ class Registry(Generic[T]):
             _check_params(self, name, obj)
             self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports,
                                         needs if callable(needs) else tuple(needs), advantage_only, label,
-                                        driver_only, self.contract, logprobs)
+                                        driver_only, self.contract, logprobs, snapshot)
             return obj
 
         return deco

@@ -82,12 +82,15 @@ class Sample:
 
 @dataclasses.dataclass
 class Group:
-    """G samples of one problem. ``step`` is the training step that generated it (replay age)."""
+    """G samples of one problem. ``step`` is the training step that generated it (replay age);
+    ``policy_version`` the policy version that sampled it (updates applied: ``step`` in the synchronous loop,
+    max(0, step − K) with ``rollout.max_async_level`` K; the loop logs step − version as staleness)."""
 
     problem: Problem
     samples: list[Sample]
     step: int = 0
     replayed: bool = False
+    policy_version: int = 0
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

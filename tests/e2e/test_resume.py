@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ARGS = ["trainer.steps=6", "trainer.save_every=3", "trainer.threads=1", "trainer.progress=false",
         "trainer.sinks=[jsonl]", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "rollout.max_completion_tokens=24", "model.warm_start_steps=40", "eval.before=false", "eval.after=false",
@@ -19,19 +21,26 @@ def cli(*args, env):
     return [sys.executable, "-m", "groupwise.cli", "train", RECIPE, *ARGS, *args]
 
 
+def staleness(run: Path) -> list[float]:
+    return [r["rollout/staleness_max"] for r in training_rows(run)]
+
+
 def training_rows(run: Path):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "time"} for r in rows]
 
 
-def test_kill_and_resume_matches_uninterrupted(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["rollout.max_async_level=1"]], ids=["sync", "async_k1"])
+def test_kill_and_resume_matches_uninterrupted(tmp_path, extra):
+    """With ``rollout.max_async_level=1`` the kill lands after the rollout of the checkpoint's step was run
+    ahead (on the previous version's snapshot); the resumed run regenerates it from the checkpoint."""
     src = str(Path(__file__).parents[2] / "src")
     env = {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "0",
            "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    ref = subprocess.run(cli(f"out_dir={tmp_path}/a", env=env), env=env, capture_output=True, text=True, timeout=600)
+    ref = subprocess.run(cli(f"out_dir={tmp_path}/a", *extra, env=env), env=env, capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr[-2000:]
 
-    proc = subprocess.Popen(cli(f"out_dir={tmp_path}/b", env=env), env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(cli(f"out_dir={tmp_path}/b", *extra, env=env), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     ck = tmp_path / "b" / "grpo_lab" / "checkpoints" / "step_0000003" / "trainer_state.pt"
     deadline = time.time() + 600
@@ -43,7 +52,7 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     rows_before = training_rows(tmp_path / "b" / "grpo_lab")
     assert 3 <= len(rows_before) < 6
 
-    res = subprocess.run(cli(f"out_dir={tmp_path}/b", "--resume", env=env), env=env, capture_output=True, text=True,
+    res = subprocess.run(cli(f"out_dir={tmp_path}/b", *extra, "--resume", env=env), env=env, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     a, b = training_rows(tmp_path / "a" / "grpo_lab"), training_rows(tmp_path / "b" / "grpo_lab")
@@ -51,11 +60,10 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     assert a == b
     trained = [r["rollout/samples"] - r["update/skipped_rows"] for r in a if "update/skipped_rows" in r]
     assert sum(trained) > 0, "no step trained on anything: the test would be vacuous"
+    assert staleness(tmp_path / "a" / "grpo_lab") == ([0.0] * 6 if not extra else [0.0] + [1.0] * 5)
 
 
 def test_resume_with_other_settings_is_refused_but_a_longer_run_is_not(tmp_path, monkeypatch):
-    import pytest
-
     from groupwise.config import load
     from groupwise.drivers.trainer import train
     from groupwise.registry import ConfigError

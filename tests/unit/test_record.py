@@ -36,10 +36,10 @@ def lines(rec):
 def run_step(rec, step, groups, kept, replayed=()):
     """What rl_step does around the recorder: ``seen`` after the reward stage, the update's TokenBatch of
     ``kept`` (advantage = reward − ½ per row), ``record`` after it."""
-    rec.seen(groups)
+    seen = rec.seen(groups)
     adv = torch.tensor([[s.reward - 0.5 for s in g.samples] for g in kept]) if kept else torch.zeros(0, 0)
     tokens = TokenBatch.build(kept, adv, list(replayed))
-    return rec.record(step, groups, tokens, list(replayed)), tokens
+    return rec.record(step, groups, tokens, list(replayed), seen), tokens
 
 
 def test_at_most_n_groups_of_each_kind_per_step(tmp_path, tokenizer, lab):
@@ -75,7 +75,7 @@ def test_dropped_edited_replayed_flags_and_signals(tmp_path, tokenizer, lab):
     rec = Recorder(tmp_path, 2, tokenizer, lab)
     pre = group(tokenizer, "q", [1, 0, 0, 1])
     gone = group(tokenizer, "gone", [1, 0])
-    rec.seen([pre, gone])
+    seen = rec.seen([pre, gone])
     edit = dataclasses.replace(pre.samples[0], meta={"dre_edited": True})
     post = Group(pre.problem, [edit, pre.samples[1], pre.samples[3]])  # a transform: edit #0, drop #2, drop "gone"
     old = group(tokenizer, "old", [1, 0], step=0)
@@ -83,7 +83,7 @@ def test_dropped_edited_replayed_flags_and_signals(tmp_path, tokenizer, lab):
     adv = torch.tensor([[0.5, -0.5, 0.5]])
     tokens = TokenBatch.build([post], adv, replayed)
     tokens = dataclasses.replace(tokens, loss_weights=tokens.loss_weights * 2)  # a credit component's weights
-    rec.record(3, [post], tokens, replayed)
+    rec.record(3, [post], tokens, replayed, seen)
     (line,) = lines(rec)
     kinds = {g["kind"]: g for g in line["groups"]}
     assert list(kinds) == ["trained", "dropped", "replayed"]

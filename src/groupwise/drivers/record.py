@@ -104,29 +104,29 @@ class Recorder:
         self.path = Path(run_dir) / "rollouts.jsonl" if run_dir is not None else None  # None: writes nothing
         self.n, self.tokenizer, self.task = n_groups, tokenizer, task
         self.teacher, self.policy_logprobs, self.trainer_logprobs = teacher, policy_logprobs, trainer_logprobs
-        self._seen: list[tuple[Group, list[Sample]]] = []
         # a fresh run's first step replaces the file; building touches nothing
         self._fresh = resume_step is None and self.path is not None
         if resume_step is not None and self.path is not None and self.path.exists():  # torn last line skipped
             keep = [raw for raw, row in read_lines(self.path) if row.get("step", 0) <= resume_step]
             write_atomic(self.path, "".join(ln + "\n" for ln in keep))
 
-    def seen(self, groups: list[Group]) -> None:
+    def seen(self, groups: list[Group]) -> list[tuple[Group, list[Sample]]]:
         """After the reward stage, before the transforms: the samples that exist (each list copied, since a
-        transform may edit a group in place)."""
-        if self.n:
-            self._seen += [(g, list(g.samples)) for g in groups]
+        transform may edit a group in place), for ``record``. The caller keeps them with its step (a lagged
+        loop rolls out step t + 1 before it records step t)."""
+        return [(g, list(g.samples)) for g in groups] if self.n else []
 
-    def record(self, step: int, rollouts: list[Group], tokens: TokenBatch, replayed: list[Replayed]) -> dict[str, float]:
-        """Append step ``step``'s line (``rollouts``: every group after the transforms, refills included);
-        returns the recording cost as metrics."""
+    def record(self, step: int, rollouts: list[Group], tokens: TokenBatch, replayed: list[Replayed],
+               seen: list[tuple[Group, list[Sample]]]) -> dict[str, float]:
+        """Append step ``step``'s line (``rollouts``: every group after the transforms, refills included;
+        ``seen``: what ``seen`` returned during its rollout stage); returns the recording cost as metrics."""
         if self._fresh:
             self.path.unlink(missing_ok=True)
             self._fresh = False
         if not self.n:
             return {}
         t0 = time.perf_counter()
-        picked, self._seen = pick(self._seen, rollouts, tokens, replayed, self.n), []
+        picked = pick(seen, rollouts, tokens, replayed, self.n)
         rows = [(s, b, g.problem) for _, g, rs in picked for s, b, _ in rs if b is not None]
         gaps, t_teacher = self._teacher_gap([s for s, _, _ in rows], [p for *_, p in rows])
         gap_of = {(id(s), b): gap for (s, b, _), gap in zip(rows, gaps)}

@@ -126,6 +126,10 @@ class CountingTeacher:
         return out
 
 
+ROLLOUT_PARTS = ("selector", "builder", "transform", "reward", "filter")
+"""Key prefixes of the parts the rollout stage runs; the buffer and the teacher run with the update."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Part:
     """A built component, the key its state is checkpointed under, and its entry (declared abilities)."""
@@ -158,6 +162,7 @@ class Pipeline:
     parts: list[Part]
     recorder: Recorder
     shards: ShardRunner | None = None  # builds and scores the step's rollout shards (``drivers/workers.py``)
+    lag: Any = None  # ``lag.Lag`` with rollout.max_async_level > 0: weight versions and the snapshot pipeline
 
     def encode(self, problem: Problem) -> Tensor:
         return encode(problem, self.tokenizer, self.cfg.model.chat_template)
@@ -211,9 +216,12 @@ class Pipeline:
         """What a checkpoint holds besides the weights: the optimizer state (``optimizer``: one already gathered,
         under FSDP), the scheduler and every stateful part's state."""
         learner = self.learner
-        return {"optimizer": learner.optimizer.state_dict() if optimizer is None else optimizer,
-                "scheduler": learner.scheduler.state_dict(),
-                "components": {k: v.state_dict() for k, v in self.stateful().items()}}
+        out = {"optimizer": learner.optimizer.state_dict() if optimizer is None else optimizer,
+               "scheduler": learner.scheduler.state_dict(),
+               "components": {k: v.state_dict() for k, v in self.stateful().items()}}
+        if self.lag is not None:  # the kept weight versions, and the rollout stage's state before its lag
+            out["lag"] = self.lag.state_dict()
+        return out
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         """The inverse of ``trainer_state``."""
@@ -221,21 +229,30 @@ class Pipeline:
         self.learner.scheduler.load_state_dict(state["scheduler"])
         for key, part in self.stateful().items():
             part.load_state_dict(state["components"][key])
+        if self.lag is not None:
+            self.lag.load_state_dict(state["lag"])
 
     def stateful(self) -> dict[str, Any]:
         """Components whose state is checkpointed, by key (those registered ``stateful=True``)."""
         return {p.key: p.obj for p in self.parts if p.entry.stateful}
 
-    def component_metrics(self) -> dict[str, float]:
-        """Metrics of the parts registered ``reports=True``, the reward stage's failure counts and the
-        teacher's pass counts."""
+    def rollout_parts(self) -> list[Part]:
+        """The parts the rollout stage runs (``ROLLOUT_PARTS``): a lagged loop runs them ahead of the update."""
+        return [p for p in self.parts if p.key.startswith(ROLLOUT_PARTS)]
+
+    def component_metrics(self, rollout: bool) -> dict[str, float]:
+        """Metrics of the parts registered ``reports=True``: with ``rollout`` those of the rollout stage (and
+        the reward stage's failure counts, the shards'), read as it ends; else the others (and the teacher's
+        pass counts), read after the update."""
         out: dict[str, float] = {}
         for p in self.parts:
-            if p.entry.reports:
+            if p.entry.reports and p.key.startswith(ROLLOUT_PARTS) == rollout:
                 out.update(p.obj.metrics())
-        out.update(self.reward.metrics())
-        if self.shards is not None:
-            out.update(self.shards.metrics())
+        if rollout:
+            out.update(self.reward.metrics())
+            if self.shards is not None:
+                out.update(self.shards.metrics())
+            return out
         if self.generator.check is not None:  # the generator's and the Ray workers' probes (one SyncCheck)
             out.update(self.generator.check.metrics())
         if self.teacher is not None:
@@ -362,4 +379,8 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     if catalog.registry(cfg.rollout.generator.kind).get(cfg.rollout.generator.name).logprobs:
         pipe.recorder.trainer_logprobs = learner.old_logprobs
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe)
+    if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (drivers/lag.py)
+        from groupwise.drivers.lag import Lag
+
+        pipe.lag = Lag(pipe, lambda model: CountingGenerator(_generator(cfg, dataclasses.replace(env, policy=model))))
     return pipe

@@ -6,16 +6,19 @@
 Hook points, each a registry (see docs/architecture.md): group builders and transforms (resampling,
 editing, trees), token-level credit and loss weights, teachers (in the update), replay buffers, problem
 selectors. Other drivers (multi-policy, federated) reuse ``setup.build`` and ``rl_step``; the run directory,
-resume, saving and signals live in ``session.py``.
+resume, saving and signals live in ``session.py``. With ``rollout.max_async_level`` K > 0 the same stages run
+as ``lagged_step``: the rollout stage one step ahead, on a weight snapshot K versions old (``drivers/lag.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 import time
 
 import torch
+from torch import Tensor
 
 from groupwise.config import RunConfig
 from groupwise.drivers import DRIVERS, DriverRun, distributed
@@ -24,21 +27,87 @@ from groupwise.drivers.setup import Pipeline, build
 from groupwise.drivers.stats import advantage_metrics, group_metrics
 from groupwise.eval import evaluate_run
 from groupwise.log import WARM_START
-from groupwise.types import Group, ScoredBatch, TokenBatch
+from groupwise.types import Group, Replayed, ScoredBatch, TokenBatch
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One step's rollout stage, as the rest of the step reads it."""
+
+    step: int
+    groups: list[Group]  # kept by the filter: the step's training groups
+    rollouts: list[Group]  # everything generated this step, refills included (rollout metrics, the recorder)
+    seen: list  # the recorder's view of the shards' groups, before the transforms
+    draws: dict  # the step's seed counters per (stage, shard): replay continues them
+    filtered: dict[str, float]  # the filter's metrics
+    metrics: dict[str, float]  # the rollout stage's components', staleness and perf metrics
+
+
+@dataclasses.dataclass
+class Work:
+    """A step between its rollout stage and its update."""
+
+    rollout: Rollout
+    batch: ScoredBatch
+    adv: Tensor  # [N, G]
+    replayed: list[Replayed]
+    tokens: TokenBatch
 
 
 def rl_step(p: Pipeline, step: int) -> dict[str, float]:
-    """One RL step through every stage; returns its metrics."""
+    """One synchronous RL step through every stage (``rollout.max_async_level: 0``); returns its metrics."""
+    t0 = time.perf_counter()
+    with p.full_weights():  # FSDP: rollout, advantage, replay, credit on the whole weights (else a no-op)
+        work = prepare(p, rollout_stage(p, step, version=step))
+    p.generator.release()  # the rollout stage is over (an engine may free its memory for the update)
+    t1 = time.perf_counter()
+    return finish(p, work, p.learner.step(work.tokens) if work.tokens.samples else {}, t0, t1)
+
+
+def lagged_step(p: Pipeline, step: int) -> dict[str, float]:
+    """One step with ``rollout.max_async_level`` K > 0 (``drivers/lag.py``): step t's rollouts were sampled
+    by version max(0, t − K) while step t − 1 updated; step t + 1's are sampled here while step t's update
+    runs in a background thread."""
+    lag, t0 = p.lag, time.perf_counter()
+    lag.keep(step)  # version `step`: the weights after step − 1's update
+    work = prepare(p, lag.take(step) or lagged_rollout(p, step))
+    t1 = time.perf_counter()
+    update = lag.start(step, lambda: p.learner.step(work.tokens) if work.tokens.samples else {})
+    try:
+        lag.capture()  # the rollout stage's state before step + 1's rollout: what a checkpoint here holds
+        lag.ahead = lagged_rollout(p, step + 1) if step + 1 < p.cfg.trainer.steps else None
+    finally:
+        out = update.result()  # joined also when the rollout raised (bounded by rollout.async_timeout_s)
+    return finish(p, work, out, t0, t1)
+
+
+def lagged_rollout(p: Pipeline, step: int) -> Rollout:
+    """Step ``step``'s rollout stage on the snapshot of version max(0, step − K); its rows' behaviour
+    log-probs (``Sample.old_logprobs``, the PPO ratio's denominator) are the trainer's forward on that
+    snapshot, so the ratio and ``loss.importance_sampling`` see the version that sampled."""
+    view, version = p.lag.at(step)
+    r = rollout_stage(view, step, version)
+    samples = [s for g in r.groups for s in g.samples]
+    for s, lp in zip(samples, view.policy_logprobs(samples)):
+        s.old_logprobs = lp
+    view.generator.release()
+    return r
+
+
+def rollout_stage(p: Pipeline, step: int, version: int) -> Rollout:
+    """select → shards (builder + reward) → transforms → filter (refills) → reward check, sampled by policy
+    ``version`` (recorded on every group)."""
     cfg, t0 = p.cfg, time.perf_counter()
     draws: dict = {}  # per (stage, shard): the step's seed counters, shared with the shards (refills continue them)
     ctx = p.context(step, draws=draws)
     p.generator.reset()  # counts every token generated this step, discarded samples included
     rollouts: list[Group] = []  # everything generated this step, refills included (for rollout metrics)
+    seen: list = []
 
     def make(k: int) -> list[Group]:
         problems = distributed.shard(p.selector.next(step, k, ctx))  # this rank's share (all: 1 rank)
         groups = p.shards(problems, step, draws)  # built and scored, in rollout.shards, here or in Ray workers
-        p.recorder.seen(groups)
+        seen.extend(p.recorder.seen(groups))
         for spec, transform in zip(cfg.rollout.transforms, p.transforms):
             groups = transform(groups, ctx)
             require_scored(groups, f"group transform '{spec.name}'")
@@ -47,41 +116,55 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
         return groups
 
     n = cfg.rollout.prompts_per_step
-    with p.full_weights():  # FSDP: the rollout stage runs on the whole weights (a no-op otherwise)
-        groups, metrics = p.filter(make(n), n, make)
-        p.reward.check_terms(step)  # a term that failed on every sample stops the run here (reward.fail_fast)
-        t_rollout = time.perf_counter() - t0
-        batch = ScoredBatch.from_groups(groups, step)
-        adv = p.advantage(batch) if groups else torch.zeros(0, 0)
-        for transform in p.advantage_transforms:
-            adv = transform(batch, adv)
-        replayed = p.replay.sample(step, ctx)
-    tokens = TokenBatch.build(groups, adv, replayed)
+    groups, filtered = p.filter(make(n), n, make)
+    p.reward.check_terms(step)  # a term that failed on every sample stops the run here (reward.fail_fast)
+    for g in rollouts + groups:
+        g.policy_version = version
+    stale = [step - g.policy_version for g in groups] or [0]
+    gen = p.generator
+    metrics = {**p.component_metrics(rollout=True),
+               "rollout/staleness_mean": sum(stale) / len(stale), "rollout/staleness_max": float(max(stale)),
+               "perf/rollout_s": time.perf_counter() - t0, "perf/gen_tokens": float(gen.tokens),
+               "perf/generate_s": gen.seconds, "perf/prompt_tokens": float(gen.prompt_tokens),
+               "perf/gen_tokens_per_s": gen.tokens / max(gen.seconds, 1e-9), "perf/reward_s": p.reward.seconds}
+    return Rollout(step, groups, rollouts, seen, draws, filtered, metrics)
+
+
+def prepare(p: Pipeline, r: Rollout) -> Work:
+    """Advantage (+ transforms) → replay.sample → credit, on the current weights: the step's TokenBatch."""
+    k, old = p.cfg.rollout.max_async_level, [g.policy_version for g in r.groups]
+    if old and r.step - min(old) > k:  # the lag is fixed, so this is a bug, never a slow generator
+        raise RuntimeError(f"step {r.step + 1}: groups of policy version {min(old)}; rollout.max_async_level={k}")
+    batch = ScoredBatch.from_groups(r.groups, r.step)
+    adv = p.advantage(batch) if r.groups else torch.zeros(0, 0)
+    for transform in p.advantage_transforms:
+        adv = transform(batch, adv)
+    replayed = p.replay.sample(r.step, p.context(r.step, draws=r.draws))
+    tokens = TokenBatch.build(r.groups, adv, replayed)
     for credit in p.credit:
         tokens = credit(tokens)
+    return Work(r, batch, adv, replayed, tokens)
 
-    p.generator.release()  # the rollout stage is over (an engine may free its memory for the update)
-    t1 = time.perf_counter()
-    if tokens.samples:
-        metrics.update(p.learner.step(tokens))
+
+def finish(p: Pipeline, w: Work, update: dict[str, float], t0: float, t1: float) -> dict[str, float]:
+    """After the update (its metrics ``update``): weights to the generator, replay.add, teacher.on_step, and
+    the step's metrics (``t0``: the step's start, ``t1``: the update's)."""
+    r = w.rollout
+    if w.tokens.samples:
         p.generator.sync_weights(p.policy)
         p.shards.sync_weights(p.policy)
-    p.replay.add(groups, adv, step)
+    p.replay.add(r.groups, w.adv, r.step)
     if p.teacher is not None:
         with p.full_weights():
-            p.teacher.on_step(step, p.policy)
-
-    t_update, gen = time.perf_counter() - t1, p.generator
-    metrics.update(p.recorder.record(step, rollouts, tokens, replayed))  # a bounded sample, for `groupwise inspect`
-    metrics.update(group_metrics(rollouts))
-    metrics.update(advantage_metrics(adv, batch.mask))
-    metrics.update(p.component_metrics())
-    metrics.update({"perf/rollout_s": t_rollout, "perf/update_s": t_update, "perf/step_s": time.perf_counter() - t0,
-                    "perf/gen_tokens": float(gen.tokens), "perf/generate_s": gen.seconds,
-                    "perf/prompt_tokens": float(gen.prompt_tokens),
-                    "perf/gen_tokens_per_s": gen.tokens / max(gen.seconds, 1e-9),
-                    "perf/reward_s": p.reward.seconds, "perf/peak_rss_mb": peak_rss_mb(),
-                    "update/replay_rows": float(sum(len(r.group.samples) for r in replayed))})
+            p.teacher.on_step(r.step, p.policy)
+    t_update, metrics = time.perf_counter() - t1, {**r.filtered, **update}
+    metrics.update(p.recorder.record(r.step, r.rollouts, w.tokens, w.replayed, r.seen))  # for `groupwise inspect`
+    metrics.update(group_metrics(r.rollouts))
+    metrics.update(advantage_metrics(w.adv, w.batch.mask))
+    metrics.update(r.metrics)
+    metrics.update(p.component_metrics(rollout=False))
+    metrics.update({"perf/update_s": t_update, "perf/step_s": time.perf_counter() - t0, "perf/peak_rss_mb": peak_rss_mb(),
+                    "update/replay_rows": float(sum(len(x.group.samples) for x in w.replayed))})
     return metrics
 
 
@@ -134,9 +217,10 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
     result: dict[str, dict[str, float]] = session.logged(step) if step > 0 else {}
     if step == 0 and cfg.eval.before:
         result["before"] = run_eval(p, 0, session, "step_0")
+    step_fn = lagged_step if p.lag is not None else rl_step
     with session.signals():
         while step < cfg.trainer.steps and not distributed.agree(session.stopping):
-            metrics = rl_step(p, step)
+            metrics = step_fn(p, step)
             step += 1
             session.record(step, metrics)
             result["last"] = metrics

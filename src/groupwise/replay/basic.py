@@ -171,12 +171,12 @@ class GroupStore:
 def group_state(g: Group) -> dict:
     """A group as plain containers and tensors (torch.save-able, no groupwise classes pickled)."""
     return {"problem": dataclasses.asdict(g.problem), "samples": [dataclasses.asdict(s) for s in g.samples],
-            "step": g.step, "replayed": g.replayed, "meta": dict(g.meta)}
+            "step": g.step, "replayed": g.replayed, "policy_version": g.policy_version, "meta": dict(g.meta)}
 
 
 def group_from_state(d: dict) -> Group:
     return Group(problem=Problem(**d["problem"]), samples=[Sample(**s) for s in d["samples"]], step=d["step"],
-                 replayed=d["replayed"], meta=dict(d["meta"]))
+                 replayed=d["replayed"], policy_version=d.get("policy_version", d["step"]), meta=dict(d["meta"]))
 
 
 class SimpleReplay:

@@ -51,6 +51,6 @@ class FakeGenerator:
 
 
 # driver_only: its row counter is per process; logprobs=False: its log-prob is a scripted constant
-@GENERATORS.register("fake", config=FakeConfig, driver_only=True, logprobs=False)
+@GENERATORS.register("fake", config=FakeConfig, driver_only=True, logprobs=False, snapshot=True)
 def fake(cfg: FakeConfig, env) -> FakeGenerator:
     return FakeGenerator(cfg, env.tokenizer)

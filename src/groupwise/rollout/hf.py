@@ -219,6 +219,6 @@ class _Decode:
                            self.reason[i], self.forced[i, :self.length[i]].clone()) for i in range(len(self.reason))]
 
 
-@GENERATORS.register("hf", config=HFConfig)
+@GENERATORS.register("hf", config=HFConfig, snapshot=True)
 def hf(cfg: HFConfig, env) -> HFGenerator:
     return HFGenerator(cfg, env.policy, env.tokenizer)

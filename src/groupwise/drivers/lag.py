@@ -1,0 +1,148 @@
+"""Asynchronous rollouts with a fixed lag: ``rollout.max_async_level`` K > 0 (``trainer.lagged_step``).
+
+Schedule. Version v is the policy after v updates. Step t's rollouts are sampled by version max(0, t − K),
+whatever the threads' timing: while step t's update runs in a background thread, the main thread runs step
+t + 1's whole rollout stage (selector → shards → transforms → filter and refills → reward check) on a frozen
+copy of the weights (``at``), then the behaviour log-probs of its rows: the trainer's forward on that copy
+(``Sample.old_logprobs``; the PPO ratio is π_θ / π_{t+1−K}, and ``loss.importance_sampling`` keeps
+correcting sampler vs trainer at that version). The last K versions' trainable weights are kept (``keep``).
+
+Why the update, not the generator, is the background thread: everything with state other than the weights
+(selector and curriculum cursors, builders, transforms, reward terms and their SIGALRM timeouts, the filter,
+the recorder, the replay buffer, signals) stays in the main thread, in the order of the synchronous loop, so
+no state needs a lock and every draw is where it was. The update thread touches the policy, its optimizer and
+scheduler, the reference model and the teacher's scoring; the main thread never reads the policy while it runs
+(the rollout stage sees the snapshot as ``ctx.model`` and ``ctx.policy_logprobs``). What lags besides the
+weights: advantage, replay, credit and ``teacher.on_step`` of step t run before step t + 1's rollout, as in
+the synchronous loop; a transform that reads ``ctx.teacher`` (``distil``) sees it as of step t − 1's
+``on_step``. One rollout overlaps one update, so K ≥ 2 adds staleness but no overlap.
+
+Resume: a checkpoint after step s holds the kept versions s − K .. s − 1 (K copies of the trainable weights)
+and the rollout-stage parts' state from before step s's rollout (``capture``); ``--resume`` regenerates that
+rollout from them, bit for bit (``tests/e2e/test_resume.py``). Nothing in flight is checkpointed.
+
+Failure: an update that raises stops the run in one line (``UpdateFailed``; ``NonFiniteWeights`` as is); one
+still running after ``rollout.async_timeout_s`` stops it in one line too (the thread is a daemon; the last
+checkpoint is intact). A rollout that raises waits for the running update first.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from groupwise.drivers.workers import InProcess
+from groupwise.registry import ConfigError, RunStopped
+from groupwise.update import NonFiniteWeights, data_parallel
+
+if TYPE_CHECKING:
+    from groupwise.drivers.setup import Pipeline
+    from groupwise.drivers.trainer import Rollout
+
+
+class UpdateFailed(RunStopped):
+    """The background update raised or hung (one line, for the CLI)."""
+
+
+def trainable(model: torch.nn.Module) -> dict[str, Tensor]:
+    """Copies of the parameters that train (all of them, or a LoRA policy's adapter), on their device."""
+    return {n: t.detach().clone() for n, t in model.named_parameters() if t.requires_grad}
+
+
+class Background:
+    """``fn()`` in a daemon thread; ``result()`` joins it within ``timeout`` seconds."""
+
+    def __init__(self, fn: Callable[[], dict[str, float]], step: int, timeout: float):
+        self.step, self.timeout = step, timeout
+        self.out: dict[str, float] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), name=f"groupwise-update-{step + 1}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], dict[str, float]]) -> None:
+        try:
+            self.out = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread by result()
+            self.error = e
+
+    def result(self) -> dict[str, float]:
+        self.thread.join(self.timeout)
+        if self.thread.is_alive():
+            raise UpdateFailed(f"rollout.async_timeout_s={self.timeout:g}: the background update of step "
+                               f"{self.step + 1} has not finished; the run stopped (its last checkpoint is intact)")
+        if isinstance(self.error, NonFiniteWeights):
+            raise self.error
+        if self.error is not None:
+            first = (str(self.error).strip().splitlines() or [""])[0]
+            raise UpdateFailed(f"the background update of step {self.step + 1} failed: "
+                               f"{type(self.error).__name__}: {first}") from self.error
+        return self.out
+
+
+class Lag:
+    """The weight versions, the snapshot pipeline the rollout stage runs on, and the rollout run ahead.
+
+    ``make_generator(model)`` builds the run's generator (counted) on ``model``: the snapshot's."""
+
+    def __init__(self, p: Pipeline, make_generator: Callable[[torch.nn.Module], Any]):
+        if data_parallel()[1] > 1:
+            raise ConfigError("rollout.max_async_level: not built with several training processes; allowed: "
+                              "rollout.max_async_level=0 there")
+        self.p, self.k, self.timeout = p, p.cfg.rollout.max_async_level, p.cfg.rollout.async_timeout_s
+        self.snapshot = copy.deepcopy(p.policy).requires_grad_(False)
+        self.view = dataclasses.replace(p, policy=self.snapshot, generator=make_generator(self.snapshot), lag=None)
+        self.view.shards = InProcess(self.view)
+        self.versions: dict[int, dict[str, Tensor]] = {}
+        self.before: dict[str, Any] = {}  # the rollout-stage parts' state before the rollout run ahead
+        self.ahead: Rollout | None = None
+        self.loaded: int | None = None  # the version in the snapshot
+
+    def keep(self, step: int) -> None:
+        """Keep version ``step`` (the policy now, between updates)."""
+        self.versions[step] = trainable(self.p.policy)
+
+    def at(self, step: int) -> tuple[Pipeline, int]:
+        """The snapshot pipeline at version max(0, step − K), and that version; older versions are dropped."""
+        v = max(0, step - self.k)
+        if self.loaded != v:
+            params = dict(self.snapshot.named_parameters())
+            with torch.no_grad():
+                for name, value in self.versions[v].items():
+                    params[name].copy_(value)
+            self.loaded = v
+        for old in [u for u in self.versions if u < v]:
+            del self.versions[old]
+        return self.view, v
+
+    def take(self, step: int) -> Rollout | None:
+        """The rollout run ahead for ``step``, if any (none at the start and after a resume)."""
+        r, self.ahead = self.ahead, None
+        return r if r is not None and r.step == step else None
+
+    def start(self, step: int, fn: Callable[[], dict[str, float]]) -> Background:
+        return Background(fn, step, self.timeout)
+
+    def capture(self) -> None:
+        """Record the rollout-stage parts' state (before the next rollout) for the next checkpoint."""
+        self.before = {x.key: copy.deepcopy(x.obj.state_dict()) for x in self.p.rollout_parts() if x.entry.stateful}
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.before:  # no step has run yet: the parts are as the next rollout will find them
+            self.capture()
+        return {"versions": dict(self.versions), "components": self.before}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the kept versions and put the rollout-stage parts back to before the rollout of the
+        checkpoint's step (``Pipeline.load_trainer_state`` loads this after every part's own state)."""
+        self.versions = {int(v): w for v, w in state["versions"].items()}
+        self.before, self.ahead, self.loaded = state["components"], None, None
+        for x in self.p.rollout_parts():
+            if x.entry.stateful:
+                x.obj.load_state_dict(copy.deepcopy(self.before[x.key]))

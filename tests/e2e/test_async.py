@@ -1,0 +1,208 @@
+"""Asynchronous rollouts (``rollout.max_async_level`` K, ``drivers/lag.py``): K = 0 is the synchronous loop bit
+for bit, step t is sampled by version max(0, t − K) with that version's behaviour log-probs, a resumed run
+reproduces an uninterrupted one, and a failing or hung background update stops the run in one line."""
+
+import copy
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from groupwise.config import load
+from groupwise.drivers import lag as lag_mod
+from groupwise.drivers.lag import UpdateFailed, trainable
+from groupwise.drivers.setup import build
+from groupwise.drivers.trainer import lagged_step, train
+from groupwise.registry import ConfigError
+from groupwise.update import Learner
+
+RECIPE = str(Path(__file__).parents[2] / "recipes" / "grpo_lab.yaml")
+ARGS = ["trainer.steps=3", "trainer.save_every=0", "trainer.threads=1", "trainer.progress=false",
+        "trainer.sinks=[jsonl]", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "rollout.max_completion_tokens=24", "model.warm_start_steps=40", "eval.before=false", "eval.after=false",
+        "task.p_wrap_slip=0.5", "reward.terms=[{name: length_penalty, max_length: 24}]"]  # lengths vary: every step trains
+GOLDEN = Path(__file__).with_name("golden_sync_loop.json")
+"""The metrics of ``ARGS`` (name=g) written by the loop before asynchronous rollouts existed (commit cc826ec)."""
+STALENESS = ("rollout/staleness_mean", "rollout/staleness_max")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def rows(run: Path) -> list[dict]:
+    out = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "time"} for r in out]
+
+
+def run(tmp_path, cache, monkeypatch, *extra, resume=False) -> list[dict]:
+    monkeypatch.setenv("GROUPWISE_CACHE", str(cache))
+    train(load(RECIPE, [*ARGS, f"out_dir={tmp_path}", "name=g", *extra]), resume=resume, overwrite=not resume)
+    return rows(tmp_path / "g")
+
+
+def test_k0_is_the_synchronous_loop_bit_for_bit(tmp_path, cache, monkeypatch):
+    got = run(tmp_path, cache, monkeypatch, "rollout.max_async_level=0")
+    assert [{k: r[k] for k in STALENESS} for r in got] == [dict.fromkeys(STALENESS, 0.0)] * 3
+    assert [{k: v for k, v in r.items() if k not in STALENESS} for r in got] == json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.parametrize(("k", "expected"), [(1, [0, 1, 1, 1]), (2, [0, 1, 2, 2])])
+def test_step_t_is_sampled_by_version_t_minus_k(tmp_path, cache, monkeypatch, k, expected):
+    got = run(tmp_path, cache, monkeypatch, f"rollout.max_async_level={k}", "trainer.steps=4")
+    assert [r["rollout/staleness_max"] for r in got] == [float(e) for e in expected]
+    assert [r["rollout/staleness_mean"] for r in got] == [float(e) for e in expected]
+    # stale rows carry the sampling version's log-probs: the PPO ratio moves off 1 (on-policy it is 1 exactly)
+    assert got[0]["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert all(abs(r["loss/ratio_mean"] - 1.0) > 1e-4 for r, e in zip(got, expected) if e)
+    assert all(r["mismatch/max_abs_dlogp"] < 1e-4 for r in got)  # sampler vs trainer at the same version
+
+
+def test_behaviour_logprobs_are_the_sampling_versions_recomputed(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("GROUPWISE_CACHE", str(cache))
+    p = build(load(RECIPE, [*ARGS, "rollout.max_async_level=1", f"out_dir={tmp_path}"]))
+    lagged_step(p, 0)  # update 0 -> version 1; step 1 is rolled out ahead on version 0
+    version1 = trainable(p.policy)
+    lagged_step(p, 1)  # update 1 -> version 2; step 2 is rolled out ahead on version 1
+    r = p.lag.ahead
+    assert r.step == 2 and r.groups and {g.policy_version for g in r.groups} == {1}
+    samples = [s for g in r.groups for s in g.samples]
+    old = copy.deepcopy(p.policy)
+    with torch.no_grad():
+        for name, param in old.named_parameters():
+            if name in version1:
+                param.copy_(version1[name])
+    import dataclasses
+
+    expected = dataclasses.replace(p, policy=old).policy_logprobs(samples)
+    now = p.policy_logprobs(samples)
+    for s, e in zip(samples, expected):
+        assert torch.equal(s.old_logprobs, e)
+    assert max(float((e - n).abs().max()) for e, n in zip(expected, now)) > 1e-4  # version 2 differs: not vacuous
+
+
+def test_a_resumed_k2_run_reproduces_the_uninterrupted_one(tmp_path, cache, monkeypatch):
+    """K = 2 checkpoints two weight versions and the selector's state from before the rollout run ahead."""
+    whole = run(tmp_path / "a", cache, monkeypatch, "rollout.max_async_level=2", "trainer.steps=5")
+    run(tmp_path / "b", cache, monkeypatch, "rollout.max_async_level=2", "trainer.steps=3")
+    resumed = run(tmp_path / "b", cache, monkeypatch, "rollout.max_async_level=2", "trainer.steps=5", resume=True)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    assert resumed == whole
+
+
+@pytest.mark.parametrize("buffer", ["{name: fifo, replay_groups: 2}", "{name: hdr, replay_groups: 2, tau: .inf}"])
+def test_replay_buffers_run_lagged(tmp_path, cache, monkeypatch, buffer):
+    got = run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1", "trainer.steps=4", f"replay={buffer}")
+    assert sum(r["update/replay_rows"] for r in got) > 0
+    assert all(torch.isfinite(torch.tensor(r["loss/total"])) for r in got)
+
+
+@pytest.mark.parametrize(("override", "match"), [
+    ("rollout.max_async_level=-1", r"max_async_level.*>= 0"),
+    ("rollout.generator=vllm", r"rollout.max_async_level=1: generator 'vllm' cannot sample from a weight snapshot; "
+                               r"allowed: rollout.max_async_level=0, or generator"),
+    ("teacher=privileged", r"rollout.max_async_level=1: not built with teacher"),
+    ("rollout.shards=2", None),
+])
+def test_load_time_refusals(override, match):
+    args = [*ARGS, "rollout.max_async_level=1", override] if override != "rollout.max_async_level=-1" else \
+        [*ARGS, override]
+    if match is None:  # shards in this process are supported
+        load(RECIPE, args)
+        return
+    with pytest.raises(ConfigError, match=match):
+        load(RECIPE, args)
+
+
+def test_ray_workers_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"max_async_level=1: not built with rollout.workers"):
+        load(RECIPE, [*ARGS, "rollout.max_async_level=1", "rollout.shards=2", "rollout.workers=1"])
+
+
+def test_a_failing_background_update_stops_the_run_in_one_line(tmp_path, cache, monkeypatch):
+    def boom(self, batch):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(Learner, "step", boom)
+    with pytest.raises(UpdateFailed, match=r"^the background update of step 1 failed: RuntimeError: boom$"):
+        run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1")
+
+
+def test_a_hung_background_update_stops_within_the_timeout(tmp_path, cache, monkeypatch):
+    release = threading.Event()
+    monkeypatch.setattr(Learner, "step", lambda self, batch: release.wait(60) and {})
+    t0 = time.perf_counter()
+    with pytest.raises(UpdateFailed, match=r"rollout.async_timeout_s=0.5: the background update of step 1 has"):
+        run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1", "rollout.async_timeout_s=0.5")
+    assert time.perf_counter() - t0 < 30
+    release.set()
+
+
+def test_a_rollout_that_raises_waits_for_the_running_update(tmp_path, cache, monkeypatch):
+    """The rollout run ahead fails while step 1's update runs: the error surfaces after the update joined."""
+    from groupwise.select.random import RandomSelector
+
+    finished = []
+    real_step, real_next = Learner.step, RandomSelector.next
+
+    def slow_step(self, batch):
+        time.sleep(0.5)
+        finished.append(True)
+        return real_step(self, batch)
+
+    def next_(self, step, n, ctx=None):
+        if step == 1:
+            raise ValueError("selector broke")
+        return real_next(self, step, n, ctx)
+
+    monkeypatch.setattr(Learner, "step", slow_step)
+    monkeypatch.setattr(RandomSelector, "next", next_)
+    with pytest.raises(ValueError, match="selector broke"):
+        run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1")
+    assert finished == [True]
+    assert not [t for t in threading.enumerate() if t.name.startswith("groupwise-update")]
+
+
+def test_background_reraises_non_finite_weights_as_is():
+    from groupwise.update import NonFiniteWeights
+
+    def fn():
+        raise NonFiniteWeights("stop")
+
+    with pytest.raises(NonFiniteWeights, match="^stop$"):
+        lag_mod.Background(fn, 0, 5.0).result()
+
+
+def test_sigterm_saves_and_the_resumed_run_matches(tmp_path, cache, monkeypatch):
+    """SIGTERM during step 2's update (while step 3 is rolled out ahead): the step finishes, the run saves and
+    exits as in the synchronous loop, and a resume reproduces the uninterrupted run."""
+    import os
+    import signal
+
+    whole = run(tmp_path / "a", cache, monkeypatch, "rollout.max_async_level=1", "trainer.steps=4")
+    real, calls = Learner.step, []
+
+    def step(self, batch):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered to the main thread's handler
+        return real(self, batch)
+
+    monkeypatch.setattr(Learner, "step", step)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", cache, monkeypatch, "rollout.max_async_level=1", "trainer.steps=4")
+    assert (tmp_path / "b" / "g" / "checkpoints" / "step_0000002").is_dir()
+    monkeypatch.setattr(Learner, "step", real)
+    assert run(tmp_path / "b", cache, monkeypatch, "rollout.max_async_level=1", "trainer.steps=4",
+               resume=True) == whole
+
+
+def test_groups_older_than_k_are_refused(tmp_path, cache, monkeypatch):
+    real = lag_mod.Lag.at
+    monkeypatch.setattr(lag_mod.Lag, "at", lambda self, step: (real(self, step)[0], step - 2))  # a wrong lag
+    with pytest.raises(RuntimeError, match=r"step 1: groups of policy version -2; rollout.max_async_level=1"):
+        run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1")
