@@ -92,7 +92,8 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -
     return {k: v / n for k, v in tot.items()} | {"tokens": n}
 
 
-def check(out_dir: Path) -> dict:
+def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict:
+    """The preconditions at ``recipe``'s warm start (``limit``: the first held-out problems only, a smoke run)."""
     import torch
 
     from groupwise.config import load
@@ -103,8 +104,8 @@ def check(out_dir: Path) -> dict:
     torch.set_num_threads(1)
     res: dict = {}
     t0 = time.time()
-    p = build(load(RECIPE, ["trainer.threads=1"]))
-    problems = list(p.task.test)
+    p = build(load(recipe, ["trainer.threads=1"]))
+    problems = list(p.task.test)[:limit]
     m, records = evaluate(p.generator, p.tokenizer, p.task, problems, p.encode, k=8, temperature=1.0,
                           max_tokens=128, verify=p.reward.check)
     res["student"] = {k: m[f"eval/{k}"] for k in ("mean_at_k", "pass_at_k", "greedy_acc", "format_frac")}
@@ -138,8 +139,9 @@ def check(out_dir: Path) -> dict:
                      p.encode, k=8, temperature=1.0, max_tokens=128, verify=p.reward.check)
     res["teacher_view"] = {k: tm[f"eval/{k}"] for k in ("mean_at_k", "pass_at_k", "greedy_acc")}
     res["divergence"] = divergence(p, problems[:64], 4, 128)
+    res["recipe"] = recipe
     today = build(load(TODAY, ["trainer.threads=1"]))
-    res["divergence_today"] = divergence(today, list(today.task.test)[:64], 4, 48)
+    res["divergence_today"] = divergence(today, list(today.task.test)[:64][:limit], 4, 48)
     res["wall_s"] = time.time() - t0
     (out_dir / "preconditions.json").write_text(json.dumps(res, indent=1))
     return res
