@@ -7,8 +7,8 @@ comparison): DistIL pass@8 >= GRPO pass@8 and DistIL pass@1 (Mean@8) >= GRPO - 0
 the spread, and as a clear difference only if the seed ranges do not overlap.
 
 Setting: recipes/distil_headroom_lab.yaml = recipes/headroom_lab.yaml plus DistIL's teacher, transform, credit and
-loss (as recipes/distil_lab.yaml): the same task, warm start, 16 prompts x 8 samples, 128 tokens, lr 1e-4, 150 steps
-(equal samples for both arms), eval every 50 steps on 132 held-out problems with k = 8. Arms: ``grpo`` (the
+loss (as recipes/distil_lab.yaml): the same task, warm start, 16 prompts x 8 samples, 128 tokens, lr 1e-4, 80 steps
+(equal samples for both arms), eval every 40 steps on 132 held-out problems with k = 8. Arms: ``grpo`` (the
 ``headroom_lab`` GRPO runs, reused key by key when their resolved config equals this arm's) and ``distil``. Seeds 0,
 1, 2. No other arm (reverse-KL, c_seq = 0) fits the remaining time.
 
