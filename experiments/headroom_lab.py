@@ -1,0 +1,216 @@
+"""The headroom lab (issue 30): are its preconditions met at the warm start, and where does plain GRPO plateau?
+
+Written before any run (settings and expectations fixed here first):
+
+Setting, ``recipes/headroom_lab.yaml``: chains of 2-12 additions mod 10 (difficulty k = operations, uniform in
+training; the held-out set cycles k = 2..12, so 132 problems hold 12 of each). The warm start (lab-tiny, 800 SFT
+steps, lr 2e-3, batch 64) imitates three things: wrapping steps off by one 60% of the time (a removable flaw whose
+flawed answer is the majority, so greedy decoding copies it), 0-2 redundant ``chk`` re-checks after the commitment
+(tokens that can be dropped at no cost to correctness), and, on 30% of its examples, the problem shown with its clean
+reference trace (``task.privileged_frac``), so the same frozen weights shown the reference are a privileged teacher.
+A clean k-step trace is 6k + 10 tokens (22 at k = 2, 82 at k = 12) plus 10 per re-check, EOS included in the count
+the generator reports; the cap is 128.
+
+Preconditions (``--check``; measured on the 256 held-out problems, k = 8 samples at T = 1 and greedy, 128 tokens):
+  1. pass@8 at the warm start <= 0.9
+  2. completion lengths spread over >= 4x: max / min of sampled lengths >= 4 (by construction 103 / 23 = 4.5 for
+     traces that keep the flaw's format); reported with min, p10, p50, p90, max and the mean length by difficulty.
+     By construction (tests/unit/tasks/test_lab_headroom.py) p90 / p10 is only ~2.6 and the mean at k = 12 over the
+     mean at k = 2 ~2.8 (re-checks average 1 per trace), so the 4x holds for the range, not for the bulk.
+  3. accuracy by difficulty (mean@8 and pass@8 per k): a spread a router could exploit
+  4. the privileged teacher's divergence from the student, per completion token on the student's own samples (64
+     problems x 4 samples): forward KL(pi_T || pi_S) over the vocabulary, unclipped, and OPSD's clipped r_t
+     (sum_v min(q_v log(q_v / p_v), 0.05), what ``loss/opsd_div`` logs); the same measurement on today's privileged
+     setting (``recipes/dash_opsd_lab.yaml``'s warm start) for the comparison. Criterion: >= 10x today's.
+  Also: the teacher view's own accuracy (mean@8 / greedy with the reference in the prompt).
+
+Expectations (before measuring): per-step success ~ 1 - 0.45 * 0.6 = 0.73 under the flaw, so sampled accuracy falls
+from ~0.5 at k = 2 to ~0.02 at k = 12 and pass@8 over the mix ~0.5-0.7; sampled lengths ~23 to ~100 tokens (p90/p10
+~2.6, max/min ~4.5); the divergence several times to an order of magnitude above today's,
+because after a slip every later step's running value differs from the reference the teacher reads.
+
+GRPO's curve (default action): plain GRPO (the recipe: 16 prompts x 8 samples, 128 tokens, lr 1e-4, ppo_clip,
+binary correctness), 80 steps, seeds 0, 1, 2, eval every 40 steps on 132 held-out problems (mean@8, pass@8,
+greedy, length). Budget changed from 150 to 80 steps (eval every 50 -> 40) before any run, because building the
+warm start took ~50 min on the contended 2-core machine and 3 x 150 steps would not fit the session. Expected:
+GRPO gains (the demo removes the same flaw at k = 3) but stays <= 0.80 mean@8 after 80
+steps, because long chains rarely get a correct sample to learn from; whatever comes out is reported.
+
+Usage: PYTHONPATH=src python experiments/headroom_lab.py --check          # preconditions (~5-10 min, one thread)
+       PYTHONPATH=src python experiments/headroom_lab.py --jobs 2         # GRPO, 3 seeds
+       PYTHONPATH=src python experiments/headroom_lab.py --report-only
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+EXPERIMENT, RECIPE, TODAY = "headroom_lab", "recipes/headroom_lab.yaml", "recipes/dash_opsd_lab.yaml"
+COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
+ARMS = {"grpo": []}
+KEYS = ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean")
+
+
+def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -> dict[str, float]:
+    """Per-token teacher/student divergence on the student's own samples: the teacher is the same (frozen) weights
+    shown ``PRIVILEGED_CONTEXT``; mean over completion tokens (EOS included). ``divergent_frac``: the share of
+    tokens whose forward KL exceeds 0.1 nats."""
+    import torch
+
+    from groupwise.models.forward import completion_logprobs, pack
+    from groupwise.rollout.base import Request, SamplingParams
+    from groupwise.tasks.base import stable_seed
+    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+
+    rng = torch.Generator().manual_seed(stable_seed("headroom-div", 0))
+    pad = p.tokenizer.pad_token_id
+    tot = {"fwd_kl": 0.0, "fwd_kl_clipped": 0.0, "rev_kl": 0.0, "divergent_frac": 0.0, "tokens": 0.0}
+    with torch.no_grad():
+        for i in range(0, len(problems), 8):
+            chunk = problems[i:i + 8]
+            outs = p.generator.generate([Request(p.encode(x)) for x in chunk for _ in range(samples)],
+                                        SamplingParams(max_tokens, 1.0), rng)
+            comps = [c.completion_ids for c in outs]
+            rows = [x for x in chunk for _ in range(samples)]
+            s = completion_logprobs(p.policy, pack([p.encode(x) for x in rows], comps, pad), with_vocab=True)
+            packed_t = pack([p.encode(privileged_problem(x, PRIVILEGED_CONTEXT)) for x in rows], comps, pad)
+            t = completion_logprobs(p.policy, packed_t, with_vocab=True)
+            lp, lq, m = s.vocab_logprobs, t.vocab_logprobs, packed_t.completion_mask
+            e = lq.exp() * (lq - lp)  # forward KL entries q_v log(q_v / p_v)
+            tot["fwd_kl"] += float((e.sum(-1) * m).sum())
+            tot["fwd_kl_clipped"] += float((e.clamp(max=clip).sum(-1) * m).sum())
+            tot["divergent_frac"] += float(((e.sum(-1) > 0.1) * m).sum())
+            tot["rev_kl"] += float(((lp.exp() * (lp - lq)).sum(-1) * m).sum())
+            tot["tokens"] += float(m.sum())
+    n = tot.pop("tokens")
+    return {k: v / n for k, v in tot.items()} | {"tokens": n}
+
+
+def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict:
+    """The preconditions at ``recipe``'s warm start (``limit``: the first held-out problems only, a smoke run)."""
+    import torch
+
+    from groupwise.config import load
+    from groupwise.drivers.setup import build
+    from groupwise.eval import evaluate, pass_at_k
+    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+
+    torch.set_num_threads(1)
+    res: dict = {}
+    t0 = time.time()
+    p = build(load(recipe, ["trainer.threads=1"]))
+    problems = list(p.task.test)[:limit]
+    m, records = evaluate(p.generator, p.tokenizer, p.task, problems, p.encode, k=8, temperature=1.0,
+                          max_tokens=128, verify=p.reward.check)
+    res["student"] = {k: m[f"eval/{k}"] for k in ("mean_at_k", "pass_at_k", "greedy_acc", "format_frac")}
+    sampled = [r for r in records if not r["greedy"]]
+    lengths = sorted(r["length"] for r in sampled)
+
+    def q(f: float) -> int:
+        return lengths[min(len(lengths) - 1, int(f * len(lengths)))]
+
+    res["lengths"] = {"min": lengths[0], "p10": q(0.1), "p50": q(0.5), "p90": q(0.9), "max": lengths[-1],
+                      "p90/p10": q(0.9) / q(0.1), "max/min": lengths[-1] / lengths[0],
+                      "capped_frac": statistics.fmean(r["finish_reason"] == "length" for r in sampled)}
+    by_k: dict[int, list[dict]] = defaultdict(list)
+    for r in sampled:
+        by_k[r["difficulty"]].append(r)
+    greedy_by_k: dict[int, list[bool]] = defaultdict(list)
+    for r in records:
+        if r["greedy"]:
+            greedy_by_k[r["difficulty"]].append(r["correct"])
+    res["by_difficulty"] = {}
+    for k in sorted(by_k):
+        per_problem: dict[str, list[bool]] = defaultdict(list)
+        for r in by_k[k]:
+            per_problem[r["id"]].append(r["correct"])
+        res["by_difficulty"][k] = {
+            "problems": len(per_problem), "mean_at_8": statistics.fmean(r["correct"] for r in by_k[k]),
+            "pass_at_8": statistics.fmean(pass_at_k(len(v), sum(v), 8) for v in per_problem.values()),
+            "greedy": statistics.fmean(greedy_by_k[k]), "len_mean": statistics.fmean(r["length"] for r in by_k[k]),
+            "chk_mean": statistics.fmean(r["text"].count("chk ") for r in by_k[k])}
+    tm, _ = evaluate(p.generator, p.tokenizer, p.task, [privileged_problem(x, PRIVILEGED_CONTEXT) for x in problems],
+                     p.encode, k=8, temperature=1.0, max_tokens=128, verify=p.reward.check)
+    res["teacher_view"] = {k: tm[f"eval/{k}"] for k in ("mean_at_k", "pass_at_k", "greedy_acc")}
+    res["divergence"] = divergence(p, problems[:64], 4, 128)
+    res["recipe"] = recipe
+    today = build(load(TODAY, ["trainer.threads=1"]))
+    res["divergence_today"] = divergence(today, list(today.task.test)[:64][:limit], 4, 48)
+    res["wall_s"] = time.time() - t0
+    (out_dir / "preconditions.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def check_report(res: dict) -> str:
+    s, L, d, d0 = res["student"], res["lengths"], res["divergence"], res["divergence_today"]
+    lines = ["## Preconditions at the warm start (256 held-out problems, 8 samples at T = 1, greedy)\n\n",
+             f"- student: mean@8 {s['mean_at_k']:.3f}, pass@8 {s['pass_at_k']:.3f}, greedy {s['greedy_acc']:.3f}, "
+             f"format {s['format_frac']:.3f}\n",
+             f"- teacher view (reference in the prompt): mean@8 {res['teacher_view']['mean_at_k']:.3f}, "
+             f"greedy {res['teacher_view']['greedy_acc']:.3f}\n",
+             f"- sampled lengths (tokens): min {L['min']}, p10 {L['p10']}, p50 {L['p50']}, p90 {L['p90']}, "
+             f"max {L['max']}; p90/p10 {L['p90/p10']:.2f}, max/min {L['max/min']:.2f}; hit the cap "
+             f"{L['capped_frac']:.3f}\n",
+             f"- divergence per token (64 problems x 4 student samples): forward KL {d['fwd_kl']:.4f} nats "
+             f"(clipped r_t {d['fwd_kl_clipped']:.4f}), reverse KL {d['rev_kl']:.4f}; today's privileged setting "
+             f"({TODAY}): forward KL {d0['fwd_kl']:.4f} (clipped {d0['fwd_kl_clipped']:.4f}), reverse "
+             f"{d0['rev_kl']:.4f}; tokens with forward KL > 0.1 nats: {d['divergent_frac']:.3f} vs "
+             f"{d0['divergent_frac']:.3f}; ratios {d['fwd_kl'] / d0['fwd_kl']:.1f}x (clipped "
+             f"{d['fwd_kl_clipped'] / d0['fwd_kl_clipped']:.1f}x)\n",
+             f"- wall time of the check: {res['wall_s']:.0f} s\n\n",
+             "| k | problems | mean@8 | pass@8 | greedy | mean length | chk per answer |\n|---|---|---|---|---|---|---|\n"]
+    lines += [f"| {k} | {v['problems']} | {v['mean_at_8']:.3f} | {v['pass_at_8']:.3f} | {v['greedy']:.3f} | "
+              f"{v['len_mean']:.1f} | {v['chk_mean']:.2f} |\n" for k, v in res["by_difficulty"].items()]
+    return "".join(lines)
+
+
+def by_difficulty(dirs: list[Path], when: str) -> str:
+    """Held-out mean@8 per difficulty (``eval/mean_at_k/d<k>``) ``before`` or ``after`` training, over seeds."""
+    cells = {}
+    for k in range(2, 13):
+        key = f"eval/mean_at_k/d{k}"
+        cells[k] = harness.agg([harness.summary(d)[when][key] for d in dirs])
+    return "| k | " + " | ".join(str(k) for k in cells) + " |\n|---|" + "---|" * len(cells) + f"\n| {when} | " + \
+        " | ".join(f"{a['mean']:.2f} ± {a['std']:.2f}" for a in cells.values()) + " |\n"
+
+
+def main() -> None:
+    def own(p):
+        p.add_argument("--check", action="store_true", help="only measure the preconditions at the warm start")
+
+    args = harness.cli_args(__doc__.splitlines()[0], own)
+    out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.check:
+        text = check_report(check(out_dir))
+        (out_dir / "preconditions.md").write_text(text)
+        print(text)
+        return
+    runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *v] for k, v in ARMS.items()}, args)
+    dirs = runs["grpo"]
+    last = max(r["step"] for r in harness.metrics(dirs[0]))
+    rows = {"warm start (step 0)": {k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in dirs])
+                                    for k in KEYS},
+            f"GRPO, {last} steps": harness.eval_cells(dirs, KEYS)}
+    secs = harness.agg([harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs])
+    png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/pass_at_k", "reward/correct_frac"], out_dir / "curves.png")
+    lines = [f"# {EXPERIMENT}\n\n`{RECIPE}`, seeds {args.seeds}, 132 held-out problems (12 per k = 2..12), mean@8 "
+             "and pass@8 at T = 1, greedy. Cells: mean ± std [min, max] over seeds.\n\n", harness.table(rows, list(KEYS)),
+             "\nHeld-out mean@8 along training:\n\n", harness.eval_curve(runs),
+             "\nHeld-out pass@8 along training:\n\n", harness.eval_curve(runs, "eval/pass_at_k"),
+             f"\nHeld-out mean@8 by difficulty, warm start and after step {last}:\n\n", by_difficulty(dirs, "before"),
+             by_difficulty(dirs, "after").split("\n", 2)[2],
+             f"\nRL wall-clock per run (s, one torch thread, shared machine): {harness.fmt(secs, 0)}\n"]
+    harness.write_report(out_dir, lines, [png])
+
+
+if __name__ == "__main__":
+    main()
