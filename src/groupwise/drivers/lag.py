@@ -116,6 +116,7 @@ class Lag:
             with torch.no_grad():
                 for name, value in self.versions[v].items():
                     params[name].copy_(value)
+            self.view.generator.sync_weights(self.snapshot)  # an engine holding its own copy reloads (and is probed)
             self.loaded = v
         for old in [u for u in self.versions if u < v]:
             del self.versions[old]

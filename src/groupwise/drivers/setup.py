@@ -382,5 +382,6 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (drivers/lag.py)
         from groupwise.drivers.lag import Lag
 
-        pipe.lag = Lag(pipe, lambda model: CountingGenerator(_generator(cfg, dataclasses.replace(env, policy=model))))
+        # the snapshot's generator is checked against the snapshot (``Lag.at`` syncs it after each copy)
+        pipe.lag = Lag(pipe, lambda model: _generator(cfg, dataclasses.replace(env, policy=model), model, tokenizer))
     return pipe
