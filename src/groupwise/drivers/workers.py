@@ -240,11 +240,13 @@ def alive(pid):
     except OSError:
         return False
 
-while os.getppid() == driver and alive(driver):
+while True:  # the raylet first: its death may take the driver with it within the same poll
     if not alive(raylet):
         print(line, file=sys.stderr, flush=True)
         break
-    time.sleep(0.1)
+    if os.getppid() != driver or not alive(driver):  # the driver left first (an exit, a kill): nothing to say
+        break
+    time.sleep(0.02)
 """
 
 

@@ -186,27 +186,10 @@ def test_sigterm_on_a_run_with_workers_stops_after_the_step_and_saves(tmp_path):
     """Issue 31: ray.init replaced the session's SIGTERM handler, so SIGTERM on a Ray run exited 15 at once
     with nothing saved (SIGINT was fine)."""
     import json
-    import os
     import signal
-    import subprocess
-    import time
-    from pathlib import Path
 
     pytest.importorskip("ray")
-    src = str(Path(__file__).parents[3] / "src")
-    env = {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"),
-           "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("name: r\n")
-    cmd = [sys.executable, "-m", "groupwise.cli", "train", str(recipe), *ARGS, "rollout.shards=1", "rollout.workers=1",
-           "trainer.steps=200", "trainer.save_every=0", "trainer.progress=false", "trainer.sinks=[jsonl]",
-           "eval.before=false", "eval.after=false", f"out_dir={tmp_path}"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
-    log, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 240
-    while proc.poll() is None and time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc, log = running_with_a_worker(tmp_path, "trainer.save_every=0", GROUPWISE_CACHE=str(tmp_path / "cache"))
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=180)
     assert "interrupted: saved step" in out + err, (proc.returncode, out[-1000:], err[-2000:])
@@ -221,23 +204,10 @@ def test_a_killed_ray_node_stops_the_run_in_one_line(tmp_path):
     import os
     import signal
     import subprocess
-    import time
     from pathlib import Path
 
     pytest.importorskip("ray")
-    src = str(Path(__file__).parents[3] / "src")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("name: r\n")
-    cmd = [sys.executable, "-m", "groupwise.cli", "train", str(recipe), *ARGS, "rollout.shards=1", "rollout.workers=1",
-           "trainer.steps=200", "trainer.save_every=1", "trainer.progress=false", "trainer.sinks=[jsonl]",
-           "eval.before=false", "eval.after=false", f"out_dir={tmp_path}"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
-    log, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 240
-    while proc.poll() is None and time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc, _ = running_with_a_worker(tmp_path, "trainer.save_every=1")
     children = [int(p) for p in os.listdir("/proc") if p.isdigit() and Path(f"/proc/{p}/stat").exists()]
     raylet = []
     for pid in children:
@@ -258,3 +228,27 @@ def test_a_killed_ray_node_stops_the_run_in_one_line(tmp_path):
     said = [line for line in err.splitlines() if "rollout.workers:" in line and "the Ray node died" in line]
     assert said and "resume with --resume" in said[0], err[-3000:]
     assert any((tmp_path / "r" / "checkpoints").glob("step_*")), "save_every=1: a checkpoint is kept"
+
+
+def running_with_a_worker(tmp_path, *overrides: str, **env: str):
+    """``groupwise train`` with one Ray worker, in a subprocess, once it has logged two steps: (process, metrics
+    file)."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    src = str(Path(__file__).parents[3] / "src")
+    env = {**os.environ, **env, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\n")
+    cmd = [sys.executable, "-m", "groupwise.cli", "train", str(recipe), *ARGS, "rollout.shards=1", "rollout.workers=1",
+           "trainer.steps=200", "trainer.progress=false", "trainer.sinks=[jsonl]", "eval.before=false",
+           "eval.after=false", f"out_dir={tmp_path}", *overrides]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    log, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 240
+    while proc.poll() is None and time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    return proc, log
