@@ -117,12 +117,15 @@ def restart_actors() -> int:
     """Kill the simulation's client actors (``ClientAppActor``); Ray restarts them (the pool asks for
     ``max_restarts=-1``), so the next message runs on a fresh process instead of queueing behind a hung call
     forever. Uses Ray's GCS actor table (``ray._private.state``: the public state API needs the dashboard, which
-    the simulation does not start). Returns how many were killed."""
+    the simulation does not start), of this job only. Returns how many were killed."""
+    import ray
     from ray._private import state
 
-    killed = 0
+    ctx = ray.get_runtime_context()  # this run's actors on this machine only (a pid means nothing elsewhere)
+    killed, job, node = 0, ctx.get_job_id(), ctx.get_node_id()
     for info in state.actors().values():
-        if info["ActorClassName"].endswith("ClientAppActor") and info["State"] == "ALIVE" and info["Pid"]:
+        if (info["ActorClassName"].endswith("ClientAppActor") and info["State"] == "ALIVE" and info["Pid"]
+                and info.get("JobID") == job and (info.get("Address") or {}).get("NodeID") == node):
             try:
                 os.kill(info["Pid"], signal.SIGKILL)
                 killed += 1
