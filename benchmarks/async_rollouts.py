@@ -58,8 +58,8 @@ def thread_scaling(n: int = 2000) -> float:
 
 def measure(recipe: str, overrides: list[str], steps: int) -> dict[str, float]:
     from groupwise.config import load
-    from groupwise.drivers.setup import build
-    from groupwise.drivers.trainer import lagged_step, rl_step
+    from groupwise.loop.setup import build
+    from groupwise.loop.trainer import lagged_step, rl_step
 
     p = build(load(recipe, [*overrides, f"trainer.steps={steps + 1}"]), io=False)
     fn = lagged_step if p.lag is not None else rl_step

@@ -72,7 +72,7 @@ def generation(args, model_dir: Path, workdir: Path) -> dict:
     import torch
 
     from groupwise.config import load
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
     from groupwise.rollout.base import Request, SamplingParams
 
     out = {}

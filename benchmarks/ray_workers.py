@@ -51,8 +51,8 @@ def cpu_scaling(n: int = 2000) -> float:
 
 def measure(recipe: str, overrides: list[str], steps: int) -> dict[str, float | str]:
     from groupwise.config import load
-    from groupwise.drivers.setup import build
-    from groupwise.drivers.trainer import rl_step
+    from groupwise.loop.setup import build
+    from groupwise.loop.trainer import rl_step
 
     p = build(load(recipe, overrides), io=False)
     digest, rows = hashlib.sha256(), []
@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
-    from groupwise.drivers import workers
+    from groupwise.loop import workers
 
     torch.set_num_threads(args.threads)
     work = tempfile.mkdtemp(prefix="ray_workers_")

@@ -107,7 +107,7 @@ def child_generate(rows: int, threads: int) -> dict:
     import torch
 
     from groupwise.config import load
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
     from groupwise.rollout.base import Request, SamplingParams
 
     torch.set_num_threads(threads)
@@ -129,7 +129,7 @@ def child_update(micro: int, lora: bool, threads: int, groups: int = 16) -> dict
     import torch
 
     from groupwise.config import load
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
     from groupwise.types import Group, Sample, TokenBatch
 
     torch.set_num_threads(threads)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What rollout recording (``trainer.record_groups``, drivers/record.py) costs per step, on CPU, in one invocation.
+"""What rollout recording (``trainer.record_groups``, loop/record.py) costs per step, on CPU, in one invocation.
 
     PYTHONPATH=src python benchmarks/record_cost.py                      # recipes/grpo_lab.yaml, small settings
     PYTHONPATH=src python benchmarks/record_cost.py --recipe recipes/distill_frozen_lab.yaml   # with the teacher gap
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from groupwise.config import load
-from groupwise.drivers.trainer import train
+from groupwise.loop.trainer import train
 
 SMALL = ["rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.max_completion_tokens=48",
          "trainer.threads=1", "trainer.progress=false", "trainer.sinks=[jsonl]", "trainer.save_every=0",

@@ -18,8 +18,8 @@ import copy
 import time
 
 from groupwise.config import load
-from groupwise.drivers.setup import build
-from groupwise.drivers.trainer import rl_step
+from groupwise.loop.setup import build
+from groupwise.loop.trainer import rl_step
 from groupwise.rollout.hf import HFConfig, HFGenerator
 from groupwise.rollout.sync_check import gap, probe
 

@@ -255,8 +255,8 @@ def side_groupwise(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     from groupwise import config as gconfig
-    from groupwise.drivers.setup import build
-    from groupwise.drivers.trainer import rl_step
+    from groupwise.loop.setup import build
+    from groupwise.loop.trainer import rl_step
     from groupwise.registry import NoConfig
     from groupwise.rewards import REWARDS
     from groupwise.rewards.basic import per_sample

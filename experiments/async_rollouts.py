@@ -2,7 +2,7 @@
 
 Setting: recipes/grpo_lab.yaml unchanged (80 steps x 16 prompts x 8 samples, 48 completion tokens, lr 1e-4,
 the cached SFT warm start), so every arm trains on the same number of samples; the only difference is
-``rollout.max_async_level`` K = 0 (the synchronous loop), 1 and 2 (drivers/lag.py: step t sampled by version
+``rollout.max_async_level`` K = 0 (the synchronous loop), 1 and 2 (loop/lag.py: step t sampled by version
 max(0, t − K), PPO ratio against that version's log-probs). 3 seeds. One torch thread per run (with K > 0 the
 update thread and the rollout thread each run single-threaded ops, so one run may use both cores).
 

@@ -54,8 +54,8 @@ def check_teacher() -> None:
     import torch
 
     from groupwise.config import load
-    from groupwise.drivers.setup import build
     from groupwise.eval import evaluate
+    from groupwise.loop.setup import build
     from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
 
     torch.set_num_threads(1)

@@ -80,7 +80,7 @@ def probe_arm(overrides: list[str], n_problems: int, resamples: int) -> dict[str
     import torch
 
     from groupwise.config import load
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
     from groupwise.types import ScoredBatch, TokenBatch
 
     torch.set_num_threads(1)

@@ -99,8 +99,8 @@ def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict
     import torch
 
     from groupwise.config import load
-    from groupwise.drivers.setup import build
     from groupwise.eval import evaluate, pass_at_k
+    from groupwise.loop.setup import build
     from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
 
     torch.set_num_threads(1)

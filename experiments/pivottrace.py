@@ -76,7 +76,7 @@ def calibration_probes(overrides: list[str]):
     import dataclasses
 
     from groupwise.config import load
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
     from groupwise.select.pivottrace import PivotTraceSelector, majority
 
     cfg = load(RECIPE, [*overrides, "trainer.threads=1", "trainer.progress=false"])

@@ -67,7 +67,7 @@ def check_credit(n_failed: int = 500, n_mc: int = 100, k_mc: int = 16) -> None:
 
     from groupwise.config import load
     from groupwise.credit.rredcot import deltas
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
     from groupwise.select.pivottrace import spearman
 
     torch.set_num_threads(1)

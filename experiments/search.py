@@ -141,8 +141,8 @@ def check_warm_start() -> None:
     import torch
 
     from groupwise.config import load
-    from groupwise.drivers.setup import build
     from groupwise.eval import evaluate
+    from groupwise.loop.setup import build
 
     torch.set_num_threads(1)
     for extra in ([], ["task.p_guess=0.0"]):

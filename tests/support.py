@@ -1,4 +1,4 @@
-"""Helpers shared by the unit tests: build stages the way ``drivers/setup.py`` does, from a config."""
+"""Helpers shared by the unit tests: build stages the way ``loop/setup.py`` does, from a config."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 
 from groupwise.catalog import KINDS
 from groupwise.config import load
-from groupwise.drivers.setup import build
+from groupwise.loop.setup import build
 
 ROOT = Path(__file__).parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

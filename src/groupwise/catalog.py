@@ -43,7 +43,7 @@ def build(spec: Any, env: Any = None) -> Any:
 
 
 WORKER_KINDS = ("generator", "group builder", "reward")
-"""The kinds a Ray rollout worker builds and runs (``drivers/workers.py``); every other kind runs in the driver."""
+"""The kinds a Ray rollout worker builds and runs (``loop/workers.py``); every other kind runs in the driver."""
 
 
 def worker_refusal(entry: Any) -> str:

@@ -26,14 +26,14 @@ DEMO = {
 def _train(args) -> int:
     import time
 
-    from groupwise import drivers
+    from groupwise import api
     from groupwise.config import load
-    from groupwise.drivers import distributed
+    from groupwise.loop import distributed
 
     cfg = load(args.recipe, args.overrides)
     t0 = time.perf_counter()
     try:
-        result = drivers.run(cfg, resume=args.resume, overwrite=args.overwrite)
+        result = api.run(cfg, resume=args.resume, overwrite=args.overwrite)
         if distributed.is_main():
             print(summary_line(cfg, result, time.perf_counter() - t0), flush=True)
     finally:
@@ -59,7 +59,7 @@ def summary_line(cfg, result, seconds: float) -> str:
 
 def _demo(args) -> int:
     from groupwise.config import load
-    from groupwise.drivers.trainer import train
+    from groupwise.loop.trainer import train
     from groupwise.plot import plot
 
     cfg = load(None, [f"out_dir={args.out_dir}", *args.overrides], base=DEMO)
@@ -84,10 +84,10 @@ def _demo(args) -> int:
 def _eval(args) -> int:
     from groupwise.checkpoint import model_dir_damage
     from groupwise.config import load
-    from groupwise.drivers.session import is_run_dir, latest_model_dir, run_config
-    from groupwise.drivers.setup import build
     from groupwise.eval import evaluate_run
     from groupwise.log import StorageError
+    from groupwise.loop.session import is_run_dir, latest_model_dir, run_config
+    from groupwise.loop.setup import build
 
     target = Path(args.target)
     recipe = args.recipe
@@ -135,8 +135,8 @@ def writing(out: str):
 
 def _export(args) -> int:
     from groupwise.checkpoint import model_dir_damage
-    from groupwise.drivers.session import is_run_dir, latest_model_dir
     from groupwise.log import StorageError
+    from groupwise.loop.session import is_run_dir, latest_model_dir
     from groupwise.models.lora import export
 
     target = Path(args.target)

@@ -11,7 +11,7 @@ fail naming both lines. An override may index a default list the recipe does not
 ``diff(a, b)`` lists the dotted keys where two resolved configs differ (e.g. a resume with new overrides).
 
 This module is the schema and its loader only: a ``Spec`` names a component and holds its validated config;
-``catalog.build(spec, env)`` (called once, in ``drivers/setup.py``) turns it into the bound object. The
+``catalog.build(spec, env)`` (called once, in ``loop/setup.py``) turns it into the bound object. The
 registries are consulted here only to find each component's config class. ``plugins:`` (files or modules)
 are imported before anything else is validated, so their components are known by name.
 """
@@ -179,7 +179,7 @@ class RolloutConfig:
     ``shards`` and never on ``workers`` or on which worker ran a shard. 1: one shard, the seeds of a run
     without this field; ``shards = prompts_per_step``: per-group seeding (every group its own streams)."""
     workers: int = 0
-    """Ray actors that build and score the shards (``pip install 'groupwise[ray]'``, ``drivers/workers.py``);
+    """Ray actors that build and score the shards (``pip install 'groupwise[ray]'``, ``loop/workers.py``);
     0: the shards run one after another in this process. At most ``shards``."""
     sync_check: Literal["none", "resync", "error"] = "resync"
     """After every weight sync, a probe checks that the engine (the generator, each Ray worker) samples from the
@@ -191,7 +191,7 @@ class RolloutConfig:
     """The probe's tolerance on mean |Δ log p| between engine and trainer; 0: by ``model.dtype`` (1e-3 in
     float32, 5e-2 in bfloat16 / float16)."""
     max_async_level: int = 0
-    """K: asynchronous rollouts with a fixed lag (``drivers/lag.py``). Step t's rollouts are sampled by policy
+    """K: asynchronous rollouts with a fixed lag (``loop/lag.py``). Step t's rollouts are sampled by policy
     version max(0, t − K) (version = updates applied), on a frozen copy of the weights, while step t − 1's
     update runs in a background thread; their PPO behaviour log-probs are that version's. 0: the synchronous
     loop. Generators that support it are registered ``snapshot=True`` (``hf``, ``fake``)."""
@@ -641,7 +641,7 @@ def _check_workers(cfg: RunConfig) -> None:
 def _check_async(cfg: RunConfig) -> None:
     """``rollout.max_async_level`` > 0 runs the rollout stage on a weight snapshot while a background thread
     updates the policy: the generator must be rebuildable on a snapshot, and nothing in the rollout stage may
-    read the weights being updated (``drivers/lag.py``)."""
+    read the weights being updated (``loop/lag.py``)."""
     k, gen = cfg.rollout.max_async_level, cfg.rollout.generator.name
     entry = registry("generator").get(gen)
     if not entry.snapshot:

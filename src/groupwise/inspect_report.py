@@ -1,7 +1,7 @@
 """``groupwise inspect RUN [RUN2]``: a static, self-contained HTML report of one run or two (docs/inspect.md).
 
 One file that opens from disk and works offline: the data (``rollouts.jsonl`` written by
-``drivers/record.py``, ``metrics.jsonl``, ``eval/step_*.jsonl``) is inlined as JSON, the script and the
+``loop/record.py``, ``metrics.jsonl``, ``eval/step_*.jsonl``) is inlined as JSON, the script and the
 style sheet (``data/inspect.js``, ``data/inspect.css``) inline too; nothing is fetched. The page draws the
 run's curves (the metrics of ``groupwise plot``, as SVG), every recorded step's groups with each completion's
 tokens coloured by a chosen per-token signal, filters and a text search, and with two runs the held-out

@@ -95,7 +95,7 @@ class Entry(Generic[T]):
     ``fake`` generator's constant; ``loss.importance_sampling`` is then refused at load)."""
     snapshot: bool = False
     """A generator built on ``env.policy`` samples from that module alone, so a second one built on a frozen
-    copy of the weights samples from the copy (``rollout.max_async_level`` > 0 needs it; ``drivers/lag.py``)."""
+    copy of the weights samples from the copy (``rollout.max_async_level`` > 0 needs it; ``loop/lag.py``)."""
 
     @property
     def origin(self) -> str:

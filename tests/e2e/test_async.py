@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (``rollout.max_async_level`` K, ``drivers/lag.py``): K = 0 is the synchronous loop bit
+"""Asynchronous rollouts (``rollout.max_async_level`` K, ``loop/lag.py``): K = 0 is the synchronous loop bit
 for bit, step t is sampled by version max(0, t − K) with that version's behaviour log-probs, a resumed run
 reproduces an uninterrupted one, and a failing or hung background update stops the run in one line."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from groupwise.config import load
-from groupwise.drivers import lag as lag_mod
-from groupwise.drivers.lag import UpdateFailed, trainable
-from groupwise.drivers.setup import build
-from groupwise.drivers.trainer import lagged_step, train
+from groupwise.loop import lag as lag_mod
+from groupwise.loop.lag import UpdateFailed, trainable
+from groupwise.loop.setup import build
+from groupwise.loop.trainer import lagged_step, train
 from groupwise.registry import ConfigError
 from groupwise.update import Learner
 

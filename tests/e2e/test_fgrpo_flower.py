@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("flwr")
 
-from groupwise import drivers  # noqa: E402
+from groupwise import api  # noqa: E402
 from groupwise.config import load  # noqa: E402
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "fgrpo_lab.yaml")
@@ -28,8 +28,8 @@ def rows(run: Path) -> list[dict]:
 
 
 def test_flower_backend_equals_in_process(tmp_path):
-    drivers.run(load(RECIPE, [*ARGS, f"out_dir={tmp_path}", "name=inproc"]))
-    result = drivers.run(load(RECIPE, [*ARGS, f"out_dir={tmp_path}", "name=flower", "driver.backend=flower"]))
+    api.run(load(RECIPE, [*ARGS, f"out_dir={tmp_path}", "name=inproc"]))
+    result = api.run(load(RECIPE, [*ARGS, f"out_dir={tmp_path}", "name=flower", "driver.backend=flower"]))
     a, b = rows(tmp_path / "inproc"), rows(tmp_path / "flower")
     assert [r["step"] for r in b] == [1, 2, 2]  # two rounds, then the eval after
     for ra, rb in zip(a, b):
@@ -52,7 +52,7 @@ def test_plugins_load_in_the_flower_clients(tmp_path):
                       "@REWARDS.register('always_half_flower', config=NoConfig)\n"
                       "def always_half(cfg, env):\n    return per_sample(lambda s, p: 0.5)\n")
     args = [a for a in ARGS if not a.startswith(("reward.terms", "trainer.steps", "trainer.save_every"))]
-    drivers.run(load(RECIPE, [*args, f"out_dir={tmp_path}", "name=fl", "driver.backend=flower", "trainer.steps=1",
+    api.run(load(RECIPE, [*args, f"out_dir={tmp_path}", "name=fl", "driver.backend=flower", "trainer.steps=1",
                               f"plugins=[{plugin}]", "eval.after=false",
                               "reward.terms=[{name: always_half_flower}, {name: length_penalty, max_length: 24}]"]))
     steps = [r for r in rows(tmp_path / "fl") if r["step"] == 1]
@@ -90,7 +90,7 @@ def test_flower_client_that_dies_or_hangs_is_dropped_and_counted(tmp_path, monke
     (tmp_path / "hang").touch()
     monkeypatch.setenv("GW_FAULT_DIR", str(tmp_path))
     args = [a for a in ARGS if not a.startswith(("reward.terms", "trainer.steps", "driver.clients"))]
-    drivers.run(load(RECIPE, [*args, f"out_dir={tmp_path}", "name=fl", "driver.backend=flower", "trainer.steps=3",
+    api.run(load(RECIPE, [*args, f"out_dir={tmp_path}", "name=fl", "driver.backend=flower", "trainer.steps=3",
                               f"plugins=[{tmp_path / 'faulty.py'}]", "eval.after=false", "driver.round_timeout_s=30",
                               "driver.clients=[{task: {ops: '+'}}, {task: {ops: '*'}}]",
                               "reward.terms=[{name: faulty_flower}, {name: length_penalty, max_length: 24}]"]))

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen
 
 from groupwise.cli import main
 from groupwise.config import load
-from groupwise.drivers.trainer import train
+from groupwise.loop.trainer import train
 from groupwise.models.tiny import build_tokenizer
 
 

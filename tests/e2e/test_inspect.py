@@ -17,7 +17,7 @@ import pytest
 
 from groupwise.cli import main
 from groupwise.config import load
-from groupwise.drivers.trainer import train
+from groupwise.loop.trainer import train
 
 ROOT = Path(__file__).parents[2]
 BROWSER = Path("/usr/bin/chromium")

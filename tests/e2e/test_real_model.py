@@ -64,7 +64,7 @@ JSONL = {"name": "jsonl", "train_path": "groupwise:data/sample_math.jsonl", "tes
 @pytest.mark.parametrize("task", [None, JSONL], ids=["reasoning_gym", "jsonl"])
 def test_one_grpo_step_on_the_real_model(converted, tmp_path, monkeypatch, task):
     from groupwise.config import load
-    from groupwise.drivers.trainer import train
+    from groupwise.loop.trainer import train
 
     monkeypatch.setenv("GROUPWISE_CACHE", str(converted.parent.parent))  # the conversion above, not a new one
     swap = []

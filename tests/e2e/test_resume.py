@@ -65,7 +65,7 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, extra):
 
 def test_resume_with_other_settings_is_refused_but_a_longer_run_is_not(tmp_path, monkeypatch):
     from groupwise.config import load
-    from groupwise.drivers.trainer import train
+    from groupwise.loop.trainer import train
     from groupwise.registry import ConfigError
 
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
@@ -81,7 +81,7 @@ def test_resume_with_other_settings_is_refused_but_a_longer_run_is_not(tmp_path,
 def test_a_resumed_runs_summary_keeps_its_step_0_eval(tmp_path, monkeypatch):
     """The summary of a resumed run lost ``before`` (the step-0 eval ran in the first process only)."""
     from groupwise.config import load
-    from groupwise.drivers.trainer import train
+    from groupwise.loop.trainer import train
 
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
     base = [a for a in ARGS if not a.startswith(("trainer.steps", "model.warm_start_steps", "eval."))]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from groupwise import drivers
+from groupwise import api
 from groupwise.config import load
 
 ROOT = Path(__file__).parents[2]
@@ -30,7 +30,7 @@ def test_recipe_trains_two_steps(recipe, tmp_path, monkeypatch):
         pytest.importorskip("vllm")
     if cfg.rollout.group_size > 8:  # keep smoke runs small, but never below what a recipe's method needs
         cfg = load(recipe, [*SMOKE, *local, f"out_dir={tmp_path}", "rollout.group_size=8"])
-    result = drivers.run(cfg)  # the recipe's driver (single, or a multi-policy / federated one)
+    result = api.run(cfg)  # the recipe's driver (single, or a multi-policy / federated one)
     run = tmp_path / cfg.name
     assert (run / "resolved_config.yaml").exists()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from groupwise import drivers
+from groupwise import api
 from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.catalog import support
 from groupwise.config import load
@@ -117,7 +117,7 @@ def rows(run: Path) -> list[dict]:
 
 def train(tmp: Path, name: str, *extra: str, resume: bool = False) -> tuple[dict, Path]:
     cfg = load(RECIPE, [*SMALL, f"out_dir={tmp}", f"name={name}", *extra])
-    return drivers.run(cfg, resume=resume, overwrite=not resume), cfg.run_dir
+    return api.run(cfg, resume=resume, overwrite=not resume), cfg.run_dir
 
 
 def test_neutral_setting_the_drafter_is_exactly_the_single_driver(tmp_path):

@@ -11,7 +11,7 @@ import torch
 
 from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.cli import main
-from groupwise.drivers.stats import group_metrics
+from groupwise.loop.stats import group_metrics
 from groupwise.registry import ConfigError
 from groupwise.types import Group, Problem, Sample
 

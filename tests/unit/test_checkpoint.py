@@ -19,8 +19,8 @@ import yaml
 from groupwise import checkpoint as ckpt
 from groupwise.cli import main
 from groupwise.config import load, to_dict
-from groupwise.drivers.session import Session, run_config
 from groupwise.log import Logger, StorageError, read_metrics
+from groupwise.loop.session import Session, run_config
 from groupwise.models.load import save_model
 from groupwise.registry import ConfigError
 

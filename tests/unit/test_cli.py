@@ -79,7 +79,7 @@ def test_flags_may_come_after_the_overrides():
 
 def test_resume_without_a_run_says_it_starts_fresh(tmp_path, capsys):
     from groupwise.config import load
-    from groupwise.drivers.session import Session
+    from groupwise.loop.session import Session
 
     Session(load(None, [f"out_dir={tmp_path}", "name=r"]), resume=True)
     assert f"--resume: nothing to resume at {tmp_path / 'r'} (no run there yet); starting a fresh run" in \

@@ -1,12 +1,12 @@
 """The driver seam: ``driver:`` selects how policies are arranged around ``rl_step`` (default ``single``), the CLI
-and the Python API go through ``drivers.run``, and a driver's declared refusals are one-line load errors."""
+and the Python API go through ``api.run``, and a driver's declared refusals are one-line load errors."""
 
 import dataclasses
 from typing import ClassVar
 
 import pytest
 
-from groupwise import drivers
+from groupwise import api
 from groupwise.catalog import support
 from groupwise.config import load
 from groupwise.drivers import DRIVERS, DriverRun
@@ -36,7 +36,7 @@ def test_the_default_driver_is_single():
 
 def test_run_calls_the_selected_driver_with_its_config(echo_driver):
     cfg = load(None, ["driver.name=echo_test", "driver.tag=y", "trainer.steps=3"])
-    assert drivers.run(cfg, resume=True) == {"echo": {"tag": "y", "resume": True, "steps": 3}}
+    assert api.run(cfg, resume=True) == {"echo": {"tag": "y", "resume": True, "steps": 3}}
 
 
 def test_a_declared_refusal_is_a_one_line_load_error(echo_driver):
@@ -54,6 +54,6 @@ def test_a_driver_that_refuses_several_processes_says_so_when_the_run_starts(ech
     cfg = load(None, ["driver=echo_test"])
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"^driver: driver 'echo_test' does not run with torchrun: one process$"):
-        drivers.run(cfg)
+        api.run(cfg)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert drivers.run(cfg)["echo"]["tag"] == "x"
+    assert api.run(cfg)["echo"]["tag"] == "x"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from groupwise import drivers
+from groupwise import api
 from groupwise.config import load
 from groupwise.drivers import fgrpo
 from groupwise.drivers.fgrpo import (
@@ -161,8 +161,8 @@ def one_client(tmp_path, name, *extra):
 def test_one_client_and_one_local_step_equals_centralised_grpo(tmp_path):
     fed = one_client(tmp_path, "fed")
     central = dataclasses.replace(fed, driver=load(None).driver, name="central")
-    drivers.run(fed)
-    drivers.run(central)
+    api.run(fed)
+    api.run(central)
     a, b = final_weights(tmp_path / "fed"), final_weights(tmp_path / "central")
     assert a.keys() == b.keys()
     for k in a:
@@ -188,14 +188,14 @@ def test_a_failed_client_is_survived_and_counted(tmp_path, monkeypatch):
         return real(self, weights, rnd)
 
     monkeypatch.setattr(fgrpo.Client, "train", flaky)
-    drivers.run(two_clients(tmp_path, "flaky", "eval.after=false"))
+    api.run(two_clients(tmp_path, "flaky", "eval.after=false"))
     r = rows(tmp_path / "flaky")
     assert [x["federated/client_failures"] for x in r] == [0, 1, 1, 1]
     assert r[1]["federated/clients_ok"] == 1 and r[1]["federated/weight_c0"] == 1.0 and "federated/weight_c1" not in r[1]
 
 
 def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
-    drivers.run(two_clients(tmp_path, "ref"))
+    api.run(two_clients(tmp_path, "ref"))
     real = ServerState.aggregate
 
     def dies_in_round_3(self, results, cfg):
@@ -206,10 +206,10 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch)
     monkeypatch.setattr(ServerState, "aggregate", dies_in_round_3)
     cfg = two_clients(tmp_path, "killed")
     with pytest.raises(SystemExit):
-        drivers.run(cfg)
+        api.run(cfg)
     assert len(rows(tmp_path / "killed")) == 2
     monkeypatch.setattr(ServerState, "aggregate", real)
-    result = drivers.run(cfg, resume=True)
+    result = api.run(cfg, resume=True)
     a, b = rows(tmp_path / "ref"), rows(tmp_path / "killed")
     assert [x["step"] for x in b] == [1, 2, 3, 4, 4]  # four rounds, then the eval after
     assert a == b

@@ -1,4 +1,4 @@
-"""The rollout recorder (drivers/record.py): a bounded count per kind, resume truncation, the dropped / edited /
+"""The rollout recorder (loop/record.py): a bounded count per kind, resume truncation, the dropped / edited /
 replayed / filtered flags, the per-token signals, and the teacher gap without the counted teacher."""
 
 import dataclasses
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from groupwise.config import load
-from groupwise.drivers.record import Recorder
-from groupwise.drivers.setup import CountingTeacher, build
+from groupwise.loop.record import Recorder
+from groupwise.loop.setup import CountingTeacher, build
 from groupwise.types import Group, Problem, Replayed, Sample, TeacherOutput, TokenBatch
 
 ROOT = Path(__file__).parents[2]
@@ -181,8 +181,8 @@ def test_sampler_dlogp_is_the_sampler_minus_the_updates_old_logprobs(tmp_path, t
 
 
 def test_a_run_records_the_gap_its_mismatch_metrics_measure(tmp_path):
-    from groupwise.drivers.trainer import rl_step
     from groupwise.inspect_report import render, run_data
+    from groupwise.loop.trainer import rl_step
 
     over = ["model.warm_start=false", "trainer.threads=1", "trainer.record_groups=2", "rollout.prompts_per_step=4",
             "rollout.group_size=4", "rollout.max_completion_tokens=12", "rollout.top_p=0.9",

@@ -1,4 +1,4 @@
-"""The run lock (``drivers/session.py``): a second process on a running run is refused in one line naming the
+"""The run lock (``loop/session.py``): a second process on a running run is refused in one line naming the
 owner; a lock left by a dead process, or by this process, is taken over; closing the session releases it."""
 
 import subprocess
@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from groupwise.config import load
-from groupwise.drivers.session import LOCK, Session
 from groupwise.log import StorageError
+from groupwise.loop.session import LOCK, Session
 
 
 def session(tmp_path, **kw) -> Session:

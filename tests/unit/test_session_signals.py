@@ -8,8 +8,8 @@ import signal
 import pytest
 
 from groupwise.config import load
-from groupwise.drivers import session as session_mod
-from groupwise.drivers.session import Session
+from groupwise.loop import session as session_mod
+from groupwise.loop.session import Session
 
 
 def twice(tmp_path, monkeypatch, launched: bool, gap: float) -> Session:

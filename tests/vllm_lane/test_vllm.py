@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("vllm")
 
 from groupwise.config import load  # noqa: E402
-from groupwise.drivers.setup import build  # noqa: E402
+from groupwise.loop.setup import build  # noqa: E402
 from groupwise.models.forward import completion_logprobs, pack  # noqa: E402
 from groupwise.rollout.base import Request, SamplingParams  # noqa: E402
 from groupwise.rollout.hf import HFConfig, HFGenerator  # noqa: E402
@@ -158,7 +158,7 @@ def test_a_lora_policy_reaches_the_engine(pipe, tmp_path, sync):
 
 
 def test_the_vllm_recipe_trains_and_resumes(tmp_path):
-    from groupwise.drivers.trainer import train
+    from groupwise.loop.trainer import train
 
     over = [*RUN, "rollout.prompts_per_step=4", "rollout.group_size=4", "eval.n_problems=8", "eval.k=1",
             "trainer.save_every=2"]

@@ -17,8 +17,8 @@ pytest.importorskip("vllm")
 from support import vllm_lane_recipes  # noqa: E402
 
 from groupwise.config import load  # noqa: E402
-from groupwise.drivers.setup import build  # noqa: E402
-from groupwise.drivers.trainer import train  # noqa: E402
+from groupwise.loop.setup import build  # noqa: E402
+from groupwise.loop.trainer import train  # noqa: E402
 from groupwise.rollout import vllm as gw_vllm  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -23,7 +23,7 @@ import torch
 pytest.importorskip("vllm")
 
 from groupwise.config import load  # noqa: E402
-from groupwise.drivers.setup import build  # noqa: E402
+from groupwise.loop.setup import build  # noqa: E402
 from groupwise.models.forward import completion_logprobs, pack  # noqa: E402
 from groupwise.rollout.base import Request, SamplingParams  # noqa: E402
 

@@ -4,10 +4,11 @@
            ``overwrite``), ``cfg`` the driver's own config; it returns the run's result (eval metrics by tag).
 
 ``single`` (the default, ``trainer.train``) is one policy; a multi-policy driver (two competing players) or a
-federated one (a server and its clients) builds a pipeline per policy with ``setup.build`` and calls
-``rl_step`` on each: the stages and the loop stay the same. A recipe selects one with ``driver: <name>``; the
-rest of the recipe configures every policy's pipeline. The infrastructure modules (``setup``, ``trainer``,
-``session``, ``distributed``, ``workers``, ``record``, ``stats``) live here too.
+federated one (a server and its clients) builds a pipeline per policy with ``loop.setup.build`` and calls
+``loop.trainer.rl_step`` on each: the stages and the loop stay the same. A recipe selects one with
+``driver: <name>``; the rest of the recipe configures every policy's pipeline. ``api.run`` runs the driver a
+config selects. The loop itself (``setup``, ``trainer``, ``session``, ``distributed``, ``workers``, ``lag``,
+``record``, ``stats``) is the ``groupwise.loop`` package, below the drivers.
 """
 
 from __future__ import annotations
@@ -36,15 +37,3 @@ DRIVERS = Registry("driver", Driver, "function", ("run", "cfg"))
 
 import_members(__name__, __path__)
 
-
-def run(cfg: Any, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """Train ``cfg`` with the driver it selects (``driver:``, default ``single``)."""
-    import os
-
-    from groupwise import catalog
-    from groupwise.registry import ConfigError
-
-    why = catalog.refusal(cfg, "torchrun") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
-    if why:  # several processes are known only when the run starts, not when the recipe loads
-        raise ConfigError(f"driver: {why}")
-    return catalog.build(cfg.driver)(DriverRun(cfg, resume, overwrite))

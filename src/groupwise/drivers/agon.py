@@ -68,11 +68,12 @@ import yaml
 
 from groupwise import checkpoint as ckpt
 from groupwise.config import RunConfig, to_dict
-from groupwise.drivers import DRIVERS, DriverRun, workers
-from groupwise.drivers.session import CONFIG, Session
-from groupwise.drivers.setup import Pipeline, build
-from groupwise.drivers.trainer import rl_step
+from groupwise.drivers import DRIVERS, DriverRun
 from groupwise.log import Logger, write_atomic
+from groupwise.loop import workers
+from groupwise.loop.session import CONFIG, Session
+from groupwise.loop.setup import Pipeline, build
+from groupwise.loop.trainer import rl_step
 from groupwise.rollout.base import Request, SamplingParams
 from groupwise.tasks.base import stable_seed
 from groupwise.types import Group, Problem

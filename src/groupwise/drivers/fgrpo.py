@@ -59,11 +59,11 @@ from torch import Tensor
 from groupwise import checkpoint as ckpt
 from groupwise.config import RunConfig
 from groupwise.drivers import DRIVERS, DriverRun
-from groupwise.drivers.session import Session
-from groupwise.drivers.setup import Pipeline, build
-from groupwise.drivers.trainer import rl_step
 from groupwise.eval import evaluate_run
 from groupwise.log import WARM_START
+from groupwise.loop.session import Session
+from groupwise.loop.setup import Pipeline, build
+from groupwise.loop.trainer import rl_step
 
 Weights = dict[str, Tensor]
 

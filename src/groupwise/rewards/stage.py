@@ -201,7 +201,7 @@ class RewardStage:
         return out
 
     def add_errors(self, step: int, errors: dict[str, float], samples: int = 0) -> None:
-        """Add failure counts a rollout worker's reward stage took (``drivers/workers.py``) to this step's;
+        """Add failure counts a rollout worker's reward stage took (``loop/workers.py``) to this step's;
         ``samples``: how many samples the worker scored (every term was called on each)."""
         if step != self._step:
             self._new_step(step)

@@ -30,7 +30,7 @@ stalls the run. A result is cut to ``MAX_CHARS_PER_TOKEN x result_tokens`` chara
 (in the worker, under ``process``), so a 10 MB result costs what a short one does.
 Per sample ``meta``: ``turns``, ``tool_calls``, ``tool_errors``, ``tool_timeouts``, ``tool_tokens`` (the loop
 reports their per-rollout means as ``rollout/turns``, ``rollout/tool_calls``, ... and ``rollout/tool_token_frac``;
-``drivers/stats.py``).
+``loop/stats.py``).
 """
 
 from __future__ import annotations

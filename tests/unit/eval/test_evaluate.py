@@ -8,8 +8,8 @@ import torch
 
 from groupwise.cli import main
 from groupwise.config import load
-from groupwise.drivers.setup import build
 from groupwise.eval.evaluate import evaluate
+from groupwise.loop.setup import build
 from groupwise.registry import ConfigError
 from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.tasks.lab import Lab, LabConfig

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from groupwise.cli import main
 from groupwise.config import LoraConfig, load
-from groupwise.drivers.setup import build
-from groupwise.drivers.trainer import train
+from groupwise.loop.setup import build
+from groupwise.loop.trainer import train
 from groupwise.models import lora
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import load_pretrained, save_model

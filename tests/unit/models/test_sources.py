@@ -257,7 +257,7 @@ def test_memory_estimate_counts_lora_as_weights_only():
 
 
 def test_tokenizer_without_chat_template_and_chat_prompts_is_one_line(tmp_path, cache):
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
 
     f = write_tiny_gguf(tmp_path / "plain.gguf", chat_template=False)
     task = "task={name: jsonl, train_path: 'groupwise:data/sample_math.jsonl', system_prompt: 'Be brief.'}"
@@ -271,7 +271,7 @@ def test_tokenizer_without_chat_template_and_chat_prompts_is_one_line(tmp_path, 
 
 def test_tokenizer_without_chat_template_and_plain_prompts_says_so_once(tmp_path, cache, capsys):
     """Issue 31: plain-text prompts with a tokenizer that has no chat template fell back silently."""
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
 
     f = write_tiny_gguf(tmp_path / "plain.gguf", chat_template=False)
     task = "task={name: jsonl, train_path: 'groupwise:data/sample_math.jsonl'}"

@@ -106,7 +106,7 @@ def components(*overrides):
     """A run's components on the untrained tiny model, with scripted completions whose groups are always mixed
     (answers 0 and 1 alternate; lab answers are 0 or 1 with modulus 2)."""
     from groupwise.config import load
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
 
     return build(load(None, [*TINY, *FAKE, *overrides]))
 

@@ -21,7 +21,7 @@ from replay_fixtures import (
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.drivers.trainer import rl_step
+from groupwise.loop.trainer import rl_step
 from groupwise.registry import ConfigError
 from groupwise.replay.hdr import (
     HDR,

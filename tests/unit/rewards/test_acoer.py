@@ -264,8 +264,8 @@ def test_state_round_trips_through_a_trainer_checkpoint(tmp_path):
     # 3 steps + checkpoint + resume for 2 more reproduces 5 uninterrupted steps, control loop included. Scripted
     # completions answer 0..9 with different lengths (one correct per group, its length set by the problem).
     from groupwise import checkpoint as ckpt
-    from groupwise.drivers.trainer import train
     from groupwise.log import read_metrics
+    from groupwise.loop.trainer import train
 
     texts = [f"<think>{'x' * ((7 * d) % 13)}</think><answer>{d}</answer>" for d in range(10)]
     acoer = ("reward.terms=[{name: acoer, warmup_steps: 1, window: 2, ema_span: 2, budget_init: 48, budget_min: 4,"

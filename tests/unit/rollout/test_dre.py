@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.config import load
-from groupwise.drivers.setup import CountingGenerator
+from groupwise.loop.setup import CountingGenerator
 from groupwise.losses import LOSSES
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError

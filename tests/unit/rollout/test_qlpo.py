@@ -217,7 +217,7 @@ def test_neutral_setting_trains_bit_identically_to_grpo(tmp_path, tokenizer):
     # keep = K through the whole loop: the same groups, advantages and update as plain GRPO, to the bit.
     # Scripted completions of different lengths under a length-shaped reward make every group's advantages
     # non-zero, so the update really moves the weights.
-    from groupwise.drivers.trainer import train
+    from groupwise.loop.trainer import train
     from groupwise.models.load import load_pretrained
     from groupwise.models.tiny import build_model
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from groupwise.config import load
-from groupwise.drivers.setup import build
-from groupwise.drivers.trainer import rl_step
+from groupwise.loop.setup import build
+from groupwise.loop.trainer import rl_step
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
 from groupwise.rollout.sync_check import PROBE_TOKENS, StaleEngineError, SyncCheck, tolerance

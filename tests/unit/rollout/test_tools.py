@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from groupwise.config import ToolsConfig, load
-from groupwise.drivers.setup import build
-from groupwise.drivers.stats import group_metrics
 from groupwise.isolation import CAN_FORK
+from groupwise.loop.setup import build
+from groupwise.loop.stats import group_metrics
 from groupwise.models.tiny import build_tokenizer
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Request, SamplingParams, to_sample

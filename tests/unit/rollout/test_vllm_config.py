@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from groupwise.config import load
-from groupwise.drivers.setup import build
+from groupwise.loop.setup import build
 from groupwise.models import lora
 from groupwise.registry import ConfigError
 from groupwise.rollout import vllm as gw_vllm

@@ -1,4 +1,4 @@
-"""Rollout shards and Ray rollout workers (``drivers/workers.py``): one shard keeps today's seeds; at the same
+"""Rollout shards and Ray rollout workers (``loop/workers.py``): one shard keeps today's seeds; at the same
 ``rollout.shards`` the samples and metrics are bit-identical in this process and on 1 or 2 Ray workers, over
 steps with weight syncs; a worker killed mid-shard is restarted, its shard rerun, the event counted; a resumed
 run with workers equals a resumed run without; components that cannot run in a worker are refused."""
@@ -9,10 +9,10 @@ import textwrap
 import pytest
 
 from groupwise.config import load
-from groupwise.drivers import workers
-from groupwise.drivers.setup import build
-from groupwise.drivers.trainer import rl_step, train
-from groupwise.drivers.workers import deal, interleave
+from groupwise.loop import workers
+from groupwise.loop.setup import build
+from groupwise.loop.trainer import rl_step, train
+from groupwise.loop.workers import deal, interleave
 from groupwise.registry import ConfigError
 from groupwise.rollout.sync_check import StaleEngineError
 from groupwise.tasks.base import stable_seed

@@ -72,7 +72,7 @@ def test_bad_settings_are_one_line_errors(monkeypatch):
         load(None, ["task.name=search", "task.min_hops=0"])
     with pytest.raises(ConfigError, match="p_guess=2.0: a probability"):
         load(None, ["task.name=search", "task.p_guess=2"])
-    from groupwise.drivers.setup import build
+    from groupwise.loop.setup import build
 
     monkeypatch.setitem(sys.modules, "bm25s", None)
     with pytest.raises(ConfigError, match=r"task.name=search needs bm25s.*pip install 'groupwise\[search\]'"):

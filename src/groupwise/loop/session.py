@@ -35,8 +35,8 @@ import yaml
 
 from groupwise import checkpoint as ckpt
 from groupwise.config import RunConfig, diff, to_dict
-from groupwise.drivers.distributed import agree, check_in_sync
 from groupwise.log import Logger, Progress, StorageError, io_reason, read_metrics, to_stderr, write_atomic
+from groupwise.loop.distributed import agree, check_in_sync
 from groupwise.registry import ConfigError
 
 CONFIG = "resolved_config.yaml"
@@ -45,7 +45,7 @@ SECTIONS = ("task", "model", "rollout", "reward", "eval")  # what ``groupwise ev
 RESUMABLE = ("trainer.steps", "trainer.save_every", "trainer.keep_last", "trainer.progress", "trainer.sinks",
              "trainer.threads", "trainer.record_groups", "eval.", "out_dir", "name", "rollout.workers")
 """Keys a resumed run may change (prefixes); with a cosine or linear schedule, ``trainer.steps`` also
-changes the rest of the schedule. ``rollout.workers`` changes no sample (``drivers/workers.py``); ``rollout.shards``
+changes the rest of the schedule. ``rollout.workers`` changes no sample (``loop/workers.py``); ``rollout.shards``
 does, so it stays."""
 
 

@@ -57,7 +57,7 @@ from groupwise.registry import ConfigError, RunStopped
 from groupwise.types import Group, Problem
 
 if TYPE_CHECKING:
-    from groupwise.drivers.setup import Pipeline
+    from groupwise.loop.setup import Pipeline
     from groupwise.rollout.sync_check import Probe
 
 MAX_TRIES = 3
@@ -170,7 +170,7 @@ class Worker:
     itself from the call alone. A new actor builds at once from the ``setup`` it is created with."""
 
     def __init__(self, setup: tuple[str, tuple] | None = None) -> None:
-        import groupwise.drivers.setup  # noqa: F401  (the slow part of a start: torch, every stage, and
+        import groupwise.loop.setup  # noqa: F401  (the slow part of a start: torch, every stage, and
         import groupwise.models.tiny  # noqa: F401  transformers' model classes, loaded lazily otherwise)
 
         self.p: Pipeline | None = None
@@ -205,7 +205,7 @@ class Worker:
 
     def _build(self, raw: dict[str, Any], threads: int, env: dict[str, str]) -> None:
         from groupwise.config import load
-        from groupwise.drivers.setup import build
+        from groupwise.loop.setup import build
 
         os.environ.update(env)
         self.p = None  # the previous run's pipeline goes first

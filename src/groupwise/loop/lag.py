@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from groupwise.drivers.workers import InProcess
+from groupwise.loop.workers import InProcess
 from groupwise.registry import ConfigError, RunStopped
 from groupwise.update import NonFiniteWeights, data_parallel
 
 if TYPE_CHECKING:
-    from groupwise.drivers.setup import Pipeline
-    from groupwise.drivers.trainer import Rollout
+    from groupwise.loop.setup import Pipeline
+    from groupwise.loop.trainer import Rollout
 
 
 class UpdateFailed(RunStopped):

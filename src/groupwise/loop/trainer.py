@@ -7,7 +7,7 @@ Hook points, each a registry (see docs/architecture.md): group builders and tran
 editing, trees), token-level credit and loss weights, teachers (in the update), replay buffers, problem
 selectors. Other drivers (multi-policy, federated) reuse ``setup.build`` and ``rl_step``; the run directory,
 resume, saving and signals live in ``session.py``. With ``rollout.max_async_level`` K > 0 the same stages run
-as ``lagged_step``: the rollout stage one step ahead, on a weight snapshot K versions old (``drivers/lag.py``).
+as ``lagged_step``: the rollout stage one step ahead, on a weight snapshot K versions old (``loop/lag.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 from torch import Tensor
 
 from groupwise.config import RunConfig
-from groupwise.drivers import DRIVERS, DriverRun, distributed
-from groupwise.drivers.session import Session, latest_model_dir  # noqa: F401  (latest_model_dir: public API)
-from groupwise.drivers.setup import Pipeline, build
-from groupwise.drivers.stats import advantage_metrics, group_metrics
 from groupwise.eval import evaluate_run
 from groupwise.log import WARM_START
+from groupwise.loop import distributed
+from groupwise.loop.session import Session, latest_model_dir  # noqa: F401  (latest_model_dir: public API)
+from groupwise.loop.setup import Pipeline, build
+from groupwise.loop.stats import advantage_metrics, group_metrics
 from groupwise.types import Group, Replayed, ScoredBatch, TokenBatch
 
 
@@ -65,7 +65,7 @@ def rl_step(p: Pipeline, step: int) -> dict[str, float]:
 
 
 def lagged_step(p: Pipeline, step: int) -> dict[str, float]:
-    """One step with ``rollout.max_async_level`` K > 0 (``drivers/lag.py``): step t's rollouts were sampled
+    """One step with ``rollout.max_async_level`` K > 0 (``loop/lag.py``): step t's rollouts were sampled
     by version max(0, t − K) while step t − 1 updated; step t + 1's are sampled here while step t's update
     runs in a background thread."""
     lag, t0 = p.lag, time.perf_counter()
@@ -238,9 +238,3 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
     p.generator.close()  # an engine (vLLM) shuts down here, not whenever it is garbage-collected
     distributed.barrier()
     return result
-
-
-@DRIVERS.register("single")
-def single(run: DriverRun, cfg) -> dict[str, dict[str, float]]:
-    """One policy: the loop above (the default driver)."""
-    return train(run.cfg, resume=run.resume, overwrite=run.overwrite)

@@ -23,11 +23,11 @@ from groupwise import catalog
 from groupwise.advantages import Advantage, AdvantageTransform
 from groupwise.config import RunConfig, loss_needs
 from groupwise.credit import Credit
-from groupwise.drivers import workers
-from groupwise.drivers.record import Recorder
-from groupwise.drivers.workers import ShardRunner
 from groupwise.eval.evaluate import forced_prefix_ids
 from groupwise.filter import Filter
+from groupwise.loop import workers
+from groupwise.loop.record import Recorder
+from groupwise.loop.workers import ShardRunner
 from groupwise.models import fsdp, lora
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import load_model, load_pretrained
@@ -57,7 +57,7 @@ class CountingGenerator:
     ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
     (``rollout/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
     parameters: the ``hf`` generator; ``Generator``); the last ``probe`` is what a Ray worker sends back
-    (``drivers/workers.py``).
+    (``loop/workers.py``).
     The probe's generation goes to ``engine`` (default ``inner``; under ``rollout.tools``, the engine inside the
     tool loop, so a probe never calls a tool) directly: it is not counted and draws from none of the run's
     streams."""
@@ -161,7 +161,7 @@ class Pipeline:
     learner: Learner
     parts: list[Part]
     recorder: Recorder
-    shards: ShardRunner | None = None  # builds and scores the step's rollout shards (``drivers/workers.py``)
+    shards: ShardRunner | None = None  # builds and scores the step's rollout shards (``loop/workers.py``)
     lag: Any = None  # ``lag.Lag`` with rollout.max_async_level > 0: weight versions and the snapshot pipeline
 
     def encode(self, problem: Problem) -> Tensor:
@@ -379,8 +379,8 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     if catalog.registry(cfg.rollout.generator.kind).get(cfg.rollout.generator.name).logprobs:
         pipe.recorder.trainer_logprobs = learner.old_logprobs
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe)
-    if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (drivers/lag.py)
-        from groupwise.drivers.lag import Lag
+    if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (loop/lag.py)
+        from groupwise.loop.lag import Lag
 
         # the snapshot's generator is checked against the snapshot (``Lag.at`` syncs it after each copy)
         pipe.lag = Lag(pipe, lambda model: _generator(cfg, dataclasses.replace(env, policy=model), model, tokenizer))
