@@ -67,7 +67,7 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -
 
     from groupwise.models.forward import completion_logprobs, pack
     from groupwise.rollout.base import Request, SamplingParams
-    from groupwise.tasks.base import stable_seed
+    from groupwise.seeding import stable_seed
     from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
 
     rng = torch.Generator().manual_seed(stable_seed("headroom-div", 0))

@@ -137,7 +137,7 @@ def _export(args) -> int:
     from groupwise.checkpoint import model_dir_damage
     from groupwise.log import StorageError
     from groupwise.loop.session import is_run_dir, latest_model_dir
-    from groupwise.models.lora import export
+    from groupwise.models.export import export
 
     target = Path(args.target)
     model_dir = latest_model_dir(target) if is_run_dir(target) else target

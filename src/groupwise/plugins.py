@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from groupwise.registry import ConfigError
+from groupwise.errors import ConfigError
 
 ENTRY_POINT_GROUP = "groupwise.plugins"
 _loaded_entry_points = False

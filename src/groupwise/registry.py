@@ -17,6 +17,12 @@ log-probs; false for a scripted one, which the importance-sampling correction re
 can be built on a frozen copy of the weights: asynchronous rollouts), and for loss terms
 ``needs`` (inputs the update must compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
 rows). Unknown names fail with the valid names and the closest match.
+
+Members are found without importing them: ``source_index()`` reads groupwise's own source files for
+``NAME = Registry("kind", ...)`` and ``@NAME.register("member", ...)`` lines, and a registry imports a member's
+module the first time the member is asked for (``get``), so loading a recipe imports the members it names and
+no others. A new member is still one new file: nothing lists it. Users' members register when their plugin
+is imported (``plugins.py``), as before.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ import difflib
 import functools
 import importlib
 import inspect
-import pkgutil
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
+
+from groupwise.errors import ConfigError, RunStopped  # noqa: F401  (registry.ConfigError / RunStopped: also used as such)
 
 T = TypeVar("T")
 
@@ -36,10 +45,6 @@ NEEDS = ("ref", "teacher", "teacher_topk", "teacher_vocab", "vocab")
 """What a loss term may ask the update for: reference log-probs, the teacher's log-probs of the sampled
 tokens, its top-k support (+ tail mass) or full-vocabulary log-probs, and the student's own full-vocabulary
 log-probs (with grad)."""
-
-
-class ConfigError(ValueError):
-    """A bad recipe, override or component name. The message is one line naming the key and what is allowed."""
 
 
 def described(out: object) -> str:
@@ -55,11 +60,6 @@ def anything(*_: object) -> str:
 
 def list_of(out: object, cls: type, n: int | None = None) -> bool:
     return isinstance(out, list) and all(isinstance(x, cls) for x in out) and (n is None or len(out) == n)
-
-
-class RunStopped(RuntimeError):
-    """A run that stopped on purpose (non-finite weights, a federation that stopped answering): the message is
-    one line saying why and what was kept; the CLI prints it and exits 1."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -186,6 +186,8 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str, where: str = "") -> Entry[T]:
+        if name not in self._entries and name in self._unloaded():
+            importlib.import_module(self._unloaded()[name])  # its decorator registers it
         if name not in self._entries:
             valid = ", ".join(self.names()) or "(none)"
             close = difflib.get_close_matches(name, self.names(), n=1)
@@ -195,13 +197,19 @@ class Registry(Generic[T]):
         return self._entries[name]
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        """Every member's name: registered ones and groupwise's own not imported yet."""
+        return sorted({*self._entries, *self._unloaded()})
 
     def entries(self) -> list[Entry[T]]:
-        return [self._entries[n] for n in self.names()]
+        """Every member, each imported."""
+        return [self.get(n) for n in self.names()]
 
     def __contains__(self, name: str) -> bool:
-        return name in self._entries
+        return name in self._entries or name in self._unloaded()
+
+    def _unloaded(self) -> dict[str, str]:
+        """groupwise's own members of this kind that are not registered yet: name -> module."""
+        return {n: m for n, m in source_index().get(self.kind, {}).items() if n not in self._entries}
 
 
 def _check_params(reg: Registry[Any], name: str, obj: Any) -> None:
@@ -214,8 +222,28 @@ def _check_params(reg: Registry[Any], name: str, obj: Any) -> None:
                         f"got ({', '.join(got)})")
 
 
-def import_members(package: str, path: list[str]) -> None:
-    """Import every module of a stage package (sorted), so that a new member is one new file there."""
-    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{package}.{info.name}")
+_SOURCE = Path(__file__).resolve().parent
+_REGISTRY = re.compile(r'^(\w+) = Registry\(\s*"([^"]+)"', re.M)
+_MEMBER = re.compile(r'^@(\w+)\.register\(\s*"([^"]+)"', re.M)
+
+
+@functools.cache
+def source_index() -> dict[str, dict[str, str]]:
+    """kind -> {member name: the module that registers it}, for groupwise's own members, read from the source
+    files without importing them (``tests/test_layers.py`` checks it against what importing every module
+    registers)."""
+    kinds: dict[str, str] = {}  # registry variable -> kind
+    found: list[tuple[str, str, str]] = []
+    for path in sorted(_SOURCE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "Registry(" not in text and ".register(" not in text:
+            continue
+        parts = path.relative_to(_SOURCE).with_suffix("").parts
+        module = ".".join(("groupwise", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        kinds.update({var: kind for var, kind in _REGISTRY.findall(text)})
+        found += [(var, name, module) for var, name in _MEMBER.findall(text)]
+    out: dict[str, dict[str, str]] = {}
+    for var, name, module in found:
+        if var in kinds:
+            out.setdefault(kinds[var], {})[name] = module
+    return out

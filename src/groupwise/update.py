@@ -39,6 +39,7 @@ from groupwise.losses.mismatch import mismatch
 from groupwise.losses.reduce import Normalizer, reduce
 from groupwise.models import fsdp
 from groupwise.models.forward import Forward, Packed, completion_logprobs, pack, shared_prefix_logprobs
+from groupwise.parallel import data_parallel
 from groupwise.registry import Entry, RunStopped
 from groupwise.teachers import TeacherWant
 from groupwise.types import LossInputs, LossTerms, Sample, TeacherOutput, TokenBatch
@@ -76,15 +77,6 @@ def plan_micro_batches(samples: list[Sample], token_budget: int, shared_prefix: 
     if cur:
         out.append(cur)
     return out
-
-
-def data_parallel() -> tuple[int, int]:
-    """(rank, world size) of the torch.distributed group this process is in; (0, 1) without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def shard_rows(rows: list[int], samples: list[Sample], rank: int, world: int) -> list[int]:

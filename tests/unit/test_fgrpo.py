@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from groupwise import api
 from groupwise.config import load
-from groupwise.drivers import fgrpo
-from groupwise.drivers.fgrpo import (
+from groupwise.drivers import federated as fgrpo
+from groupwise.drivers.federated import (
     ClientResult,
     FGRPOConfig,
     ServerState,

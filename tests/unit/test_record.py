@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from groupwise.config import load
+from groupwise.loop.pipeline import CountingTeacher
 from groupwise.loop.record import Recorder
-from groupwise.loop.setup import CountingTeacher, build
+from groupwise.loop.setup import build
 from groupwise.types import Group, Problem, Replayed, Sample, TeacherOutput, TokenBatch
 
 ROOT = Path(__file__).parents[2]

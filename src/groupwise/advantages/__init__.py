@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-from groupwise.registry import Registry, import_members
+from groupwise.registry import Registry
 from groupwise.types import ScoredBatch
 
 
@@ -39,4 +39,3 @@ ADVANTAGES = Registry("advantage", Advantage, "function", ("batch", "cfg"), cont
 ADVANTAGE_TRANSFORMS = Registry("advantage transform", AdvantageTransform, "function",
                                 ("batch", "adv", "cfg"), contract=contract)
 
-import_members(__name__, __path__)

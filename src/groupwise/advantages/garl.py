@@ -42,7 +42,7 @@ from torch import Tensor
 
 from groupwise.advantages import ADVANTAGE_TRANSFORMS, ADVANTAGES
 from groupwise.advantages.stats import group_count
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 from groupwise.types import ScoredBatch
 
 

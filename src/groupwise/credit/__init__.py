@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from groupwise.registry import Registry, import_members
+from groupwise.registry import Registry
 from groupwise.types import TokenBatch
 
 
@@ -33,4 +33,3 @@ def contract(out: object, batch: TokenBatch, *_: object) -> str:
 
 CREDIT = Registry("credit", Credit, "function", ("batch", "cfg"), contract=contract)
 
-import_members(__name__, __path__)

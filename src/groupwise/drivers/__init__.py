@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
-from groupwise.registry import Registry, import_members
+from groupwise.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,5 +35,4 @@ class Driver(Protocol):
 
 DRIVERS = Registry("driver", Driver, "function", ("run", "cfg"))
 
-import_members(__name__, __path__)
 

@@ -71,11 +71,12 @@ from groupwise.config import RunConfig, to_dict
 from groupwise.drivers import DRIVERS, DriverRun
 from groupwise.log import Logger, write_atomic
 from groupwise.loop import workers
+from groupwise.loop.pipeline import Pipeline
 from groupwise.loop.session import CONFIG, Session
-from groupwise.loop.setup import Pipeline, build
+from groupwise.loop.setup import build
 from groupwise.loop.trainer import rl_step
 from groupwise.rollout.base import Request, SamplingParams
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 from groupwise.types import Group, Problem
 
 NAMES = ("a", "b")

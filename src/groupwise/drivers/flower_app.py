@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from groupwise.drivers import fgrpo
+from groupwise.drivers import federated as fgrpo
 from groupwise.registry import RunStopped
 
 _CLIENTS: dict[tuple[str, int], fgrpo.Client] = {}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from groupwise.drivers import DRIVERS, DriverRun
-from groupwise.loop.trainer import train
 
 
 @DRIVERS.register("single")
 def single(run: DriverRun, cfg) -> dict[str, dict[str, float]]:
-    """One policy: ``loop.trainer.train`` (the default driver)."""
+    """One policy: ``loop.trainer.train`` (the default driver; imported when it runs, so that validating a
+    recipe does not import the loop)."""
+    from groupwise.loop.trainer import train
+
     return train(run.cfg, resume=run.resume, overwrite=run.overwrite)

@@ -23,7 +23,7 @@ from groupwise.eval.metrics import majority_correct, pass_at_k
 from groupwise.registry import ConfigError
 from groupwise.rewards.stage import call_with_timeout, verdict
 from groupwise.rollout.base import Request, SamplingParams
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 from groupwise.types import Problem
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from groupwise.config import RunConfig
-from groupwise.update import data_parallel
+from groupwise.parallel import data_parallel
 
 
 def setup(cfg: RunConfig) -> RunConfig:

@@ -38,12 +38,12 @@ import torch
 from torch import Tensor
 
 from groupwise.loop.workers import InProcess
+from groupwise.parallel import data_parallel
 from groupwise.registry import ConfigError, RunStopped
-from groupwise.update import NonFiniteWeights, data_parallel
+from groupwise.update import NonFiniteWeights
 
 if TYPE_CHECKING:
-    from groupwise.loop.setup import Pipeline
-    from groupwise.loop.trainer import Rollout
+    from groupwise.loop.pipeline import Pipeline, Rollout
 
 
 class UpdateFailed(RunStopped):

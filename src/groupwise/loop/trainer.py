@@ -12,46 +12,21 @@ as ``lagged_step``: the rollout stage one step ahead, on a weight snapshot K ver
 
 from __future__ import annotations
 
-import dataclasses
 import resource
 import sys
 import time
 
 import torch
-from torch import Tensor
 
 from groupwise.config import RunConfig
 from groupwise.eval import evaluate_run
 from groupwise.log import WARM_START
 from groupwise.loop import distributed
+from groupwise.loop.pipeline import Pipeline, Rollout, Work
 from groupwise.loop.session import Session, latest_model_dir  # noqa: F401  (latest_model_dir: public API)
-from groupwise.loop.setup import Pipeline, build
+from groupwise.loop.setup import build
 from groupwise.loop.stats import advantage_metrics, group_metrics
-from groupwise.types import Group, Replayed, ScoredBatch, TokenBatch
-
-
-@dataclasses.dataclass
-class Rollout:
-    """One step's rollout stage, as the rest of the step reads it."""
-
-    step: int
-    groups: list[Group]  # kept by the filter: the step's training groups
-    rollouts: list[Group]  # everything generated this step, refills included (rollout metrics, the recorder)
-    seen: list  # the recorder's view of the shards' groups, before the transforms
-    draws: dict  # the step's seed counters per (stage, shard): replay continues them
-    filtered: dict[str, float]  # the filter's metrics
-    metrics: dict[str, float]  # the rollout stage's components', staleness and perf metrics
-
-
-@dataclasses.dataclass
-class Work:
-    """A step between its rollout stage and its update."""
-
-    rollout: Rollout
-    batch: ScoredBatch
-    adv: Tensor  # [N, G]
-    replayed: list[Replayed]
-    tokens: TokenBatch
+from groupwise.types import Group, ScoredBatch, TokenBatch
 
 
 def rl_step(p: Pipeline, step: int) -> dict[str, float]:

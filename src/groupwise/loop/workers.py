@@ -49,6 +49,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -57,7 +58,7 @@ from groupwise.registry import ConfigError, RunStopped
 from groupwise.types import Group, Problem
 
 if TYPE_CHECKING:
-    from groupwise.loop.setup import Pipeline
+    from groupwise.loop.pipeline import Pipeline
     from groupwise.rollout.sync_check import Probe
 
 MAX_TRIES = 3
@@ -170,7 +171,7 @@ class Worker:
     itself from the call alone. A new actor builds at once from the ``setup`` it is created with."""
 
     def __init__(self, setup: tuple[str, tuple] | None = None) -> None:
-        import groupwise.loop.setup  # noqa: F401  (the slow part of a start: torch, every stage, and
+        import groupwise.loop.pipeline  # noqa: F401  (the slow part of a start: torch, the stages, and
         import groupwise.models.tiny  # noqa: F401  transformers' model classes, loaded lazily otherwise)
 
         self.p: Pipeline | None = None
@@ -197,15 +198,15 @@ class Worker:
                            os.getpid(), gen.probe)
 
     def _use(self, setup: tuple[str, tuple]) -> None:
-        """Build the pipeline of ``setup`` = (run id, (config dict, torch threads, environment)), sent inline
+        """Build the pipeline of ``setup`` = (run id, (config dict, torch threads, environment, builder)), sent inline
         (a few KB; an object-store argument of the constructor could be gone when Ray restarts the actor)."""
         if setup[0] != self.setup:
             self._build(*setup[1])
             self.setup, self.version = setup[0], None
 
-    def _build(self, raw: dict[str, Any], threads: int, env: dict[str, str]) -> None:
+    def _build(self, raw: dict[str, Any], threads: int, env: dict[str, str], build: Callable[..., Pipeline]) -> None:
+        """``build``: ``setup.build``, sent by the driver (the pipeline builder sits above this module)."""
         from groupwise.config import load
-        from groupwise.loop.setup import build
 
         os.environ.update(env)
         self.p = None  # the previous run's pipeline goes first
@@ -288,14 +289,15 @@ def prestart(n: int) -> None:
 class RayWorkers:
     """The shards on ``rollout.workers`` Ray actors, each shard to the next free actor."""
 
-    def __init__(self, p: Pipeline):
-        from groupwise.update import data_parallel
+    def __init__(self, p: Pipeline, build: Callable[..., Pipeline]):
+        from groupwise.parallel import data_parallel
 
         if data_parallel()[1] > 1:
             raise ConfigError("rollout.workers: not with several training processes (torchrun); allowed: "
                               "rollout.workers: 0 there, or one process with workers")
         self.ray = require_ray()
         self.p, self.version, self.weights, self.restarts = p, 0, None, 0
+        self.build = build  # ``setup.build``: each actor builds its rollout-only pipeline with it
         self.actors: list[Any] = []  # started with the first shard: building a pipeline starts no process
         self.pids: list[int] = []  # each actor's process id: a result from another one is a restart
         self.owns, self.job = False, ""
@@ -324,7 +326,7 @@ class RayWorkers:
             print(f"groupwise: rollout.workers={n} x {threads} torch threads (each worker takes the driver's count: "
                   f"other counts draw other bits) oversubscribe {cpus} CPUs; set trainer.threads <= {max(cpus // n, 1)}",
                   file=sys.stderr, flush=True)
-        self.setup = (uuid.uuid4().hex, (to_dict(self.p.cfg), threads, env))
+        self.setup = (uuid.uuid4().hex, (to_dict(self.p.cfg), threads, env, self.build))
         self.actors = [idle.pop() if idle else actor_class().remote(self.setup) for _ in range(n)]
         try:
             self.pids = ray.get([a.pid.remote() for a in self.actors])

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-from groupwise.registry import Registry, described, import_members
+from groupwise.registry import Registry, described
 from groupwise.types import LossInputs, LossTerms
 
 
@@ -34,4 +34,3 @@ def contract(out: object, inp: LossInputs, *_: object) -> str:
 
 LOSSES = Registry("loss", LossTerm, "function", ("inp", "cfg"), contract=contract)
 
-import_members(__name__, __path__)

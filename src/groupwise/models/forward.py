@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from groupwise.models import base_model
+
 
 @dataclasses.dataclass
 class Packed:
@@ -154,10 +156,8 @@ def common_prefix_len(prompts: list[Tensor]) -> int:
 def cache_keyword(model: torch.nn.Module) -> str:
     """The name of a model's KV-cache argument: transformers 5.x renamed it ``cache``; 4.x only knows
     ``past_key_values`` (a peft LoRA policy forwards its keyword arguments to the base model: ask the base)."""
-    from groupwise.models import lora
-
     model = getattr(model, "lora_model", model)  # lora.BaseView: the policy with its adapter off
-    return "cache" if "cache" in inspect.signature(lora.base_model(model).forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(base_model(model).forward).parameters else "past_key_values"
 
 
 def _from_logits(logits: Tensor, packed: Packed, temperature: float, with_entropy: bool, with_vocab: bool) -> Forward:

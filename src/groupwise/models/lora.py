@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from groupwise.config import LoraConfig
+from groupwise.models import base_model, is_lora  # noqa: F401  (lora.base_model, lora.is_lora: also used as such)
 from groupwise.registry import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -45,16 +45,6 @@ def require_peft():
 
 def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def is_lora(model: torch.nn.Module) -> bool:
-    return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
-
-
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under a LoRA policy's adapter (its config, forward signature); ``model`` itself
-    otherwise."""
-    return model.get_base_model() if is_lora(model) else model
 
 
 def wrap(model: torch.nn.Module, cfg: LoraConfig, seed: int = 0) -> torch.nn.Module:
@@ -157,19 +147,3 @@ def merged_weights(model: torch.nn.Module, merge: bool = True) -> dict[str, torc
             if adapter in module.lora_A:
                 out[key] = out[key] + module.get_delta_weight(adapter)
     return {k.replace(".base_layer.", "."): v for k, v in out.items()}
-
-
-def export(model_dir: str | Path, out: str | Path, dtype: str = "float32") -> list[Path]:
-    """Write a trained model where other tools read it: for an adapter, ``out/adapter`` (as saved) and
-    ``out/merged`` (the base with the adapter merged in, a plain transformers model); for a full model,
-    ``out/model``. Returns the directories written."""
-    from groupwise.models.load import load_pretrained, save_model
-
-    model_dir, out = Path(model_dir), Path(out)
-    if not is_adapter_dir(model_dir):
-        shutil.copytree(model_dir, out / "model", dirs_exist_ok=True)
-        return [out / "model"]
-    shutil.copytree(model_dir, out / "adapter", dirs_exist_ok=True)
-    model, tokenizer = load_pretrained(model_dir, dtype)
-    save_model(model.merge_and_unload(), tokenizer, out / "merged")
-    return [out / "adapter", out / "merged"]

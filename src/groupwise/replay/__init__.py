@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from groupwise.registry import NoConfig, Registry, anything, described, import_members, list_of
+from groupwise.registry import NoConfig, Registry, anything, described, list_of
 from groupwise.types import Group, Replayed
 
 
@@ -59,4 +59,3 @@ def none(cfg: NoConfig, env) -> NoReplay:
     return NoReplay()
 
 
-import_members(__name__, __path__)

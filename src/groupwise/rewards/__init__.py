@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from groupwise.registry import Registry, import_members
+from groupwise.registry import Registry
 from groupwise.types import Group
 
 
@@ -26,4 +26,3 @@ class RewardTerm(Protocol):
 
 REWARDS = Registry("reward", RewardTerm, "factory", ("cfg", "env"))
 
-import_members(__name__, __path__)

@@ -10,7 +10,7 @@ A plug-in builder's or transform's output is checked against ``groups_contract``
 against ``generate_contract``.
 """
 
-from groupwise.registry import Registry, anything, described, import_members, list_of
+from groupwise.registry import Registry, anything, described, list_of
 from groupwise.rollout.base import Generator, GroupBuilder, GroupTransform
 from groupwise.types import Completion, Group, Sample
 
@@ -37,4 +37,3 @@ GENERATORS = Registry("generator", Generator, "factory", ("cfg", "env"),
 BUILDERS = Registry("group builder", GroupBuilder, "factory", ("cfg", "env"), contract=groups_contract)
 TRANSFORMS = Registry("group transform", GroupTransform, "factory", ("cfg", "env"), contract=groups_contract)
 
-import_members(__name__, __path__)

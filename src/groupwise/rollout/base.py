@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from groupwise.models.lora import base_model
+from groupwise.models import base_model
 from groupwise.types import Completion, Group, Problem, Sample
 
 

@@ -360,7 +360,7 @@ def _token_logprobs(choice: dict, toks: list[int]) -> list[float]:
 @GENERATORS.register("vllm", config=VLLMConfig, driver_only=True)  # one engine, in the trainer (not in Ray actors)
 def vllm_generator(cfg: VLLMConfig, env) -> VLLMGenerator:
     run = env.run
-    from groupwise.update import data_parallel
+    from groupwise.parallel import data_parallel
 
     if data_parallel()[1] > 1:
         raise ConfigError("rollout.generator vllm under torchrun / accelerate (several processes) is not built; "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from groupwise.registry import Registry, described, import_members, list_of
+from groupwise.registry import Registry, described, list_of
 from groupwise.types import Problem
 
 
@@ -32,4 +32,3 @@ def next_contract(out: object, step: int, n: int, *_: object) -> str:
 
 SELECTORS = Registry("selector", Selector, "factory", ("cfg", "env"), contract={"next": next_contract})
 
-import_members(__name__, __path__)

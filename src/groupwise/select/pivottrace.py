@@ -78,9 +78,9 @@ import torch
 from torch import Tensor
 
 from groupwise.models.forward import pack
+from groupwise.seeding import stable_seed
 from groupwise.select import SELECTORS
 from groupwise.select.attention import attention_maps
-from groupwise.tasks.base import stable_seed
 from groupwise.types import Problem
 
 ACTIONS = ("pseudo", "gold", "skip")

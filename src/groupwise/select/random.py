@@ -9,8 +9,8 @@ from __future__ import annotations
 import random as _random
 
 from groupwise.registry import NoConfig
+from groupwise.seeding import stable_seed
 from groupwise.select import SELECTORS
-from groupwise.tasks.base import stable_seed
 from groupwise.types import Problem
 
 PROCEDURAL = 10**7  # above this many train items, draw i.i.d. instead of permuting

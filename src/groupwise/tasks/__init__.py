@@ -3,9 +3,8 @@
 Registry form: ``factory(cfg, env) -> Task`` (``env.seed`` is the run seed).
 """
 
-from groupwise.registry import Registry, import_members
+from groupwise.registry import Registry
 from groupwise.tasks.base import Task
 
 TASKS = Registry("task", Task, "factory", ("cfg", "env"))
 
-import_members(__name__, __path__)

@@ -5,7 +5,6 @@ A task owns no reward logic beyond ``verify``: rewards live in ``groupwise.rewar
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
@@ -35,11 +34,6 @@ class Task(Protocol):
     def extract_answer(self, completion: str) -> str | None: ...
 
     def sft_examples(self, rng: random.Random, n: int) -> list[tuple[Problem, str]]: ...
-
-
-def stable_seed(*parts: object) -> int:
-    """A 63-bit seed derived from any printable parts; identical across processes and platforms."""
-    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
 
 
 FewShot = tuple[tuple[str, str], ...]

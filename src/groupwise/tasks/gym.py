@@ -26,8 +26,9 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
+from groupwise.seeding import stable_seed
 from groupwise.tasks import TASKS, math_answers
-from groupwise.tasks.base import FewShot, chat_prompt, check_few_shot, stable_seed
+from groupwise.tasks.base import FewShot, chat_prompt, check_few_shot
 from groupwise.types import Problem
 
 DEFAULT_SYSTEM_PROMPT = (

@@ -30,8 +30,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from groupwise.seeding import stable_seed
 from groupwise.tasks import TASKS, math_answers
-from groupwise.tasks.base import FewShot, chat_prompt, check_few_shot, stable_seed
+from groupwise.tasks.base import FewShot, chat_prompt, check_few_shot
 from groupwise.types import Problem
 
 SAMPLE_PATH = "groupwise:data/sample_math.jsonl"

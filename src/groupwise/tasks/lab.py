@@ -46,8 +46,8 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 
+from groupwise.seeding import stable_seed
 from groupwise.tasks import TASKS
-from groupwise.tasks.base import stable_seed
 from groupwise.types import Problem
 
 MODES = ("<NT>", "<SH>", "<LG>")

@@ -33,8 +33,8 @@ import re
 import time
 
 from groupwise.registry import ConfigError
+from groupwise.seeding import stable_seed
 from groupwise.tasks import TASKS
-from groupwise.tasks.base import stable_seed
 from groupwise.types import Problem
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
-from groupwise.registry import NoConfig, Registry, anything, described, import_members
+from groupwise.registry import NoConfig, Registry, anything, described
 from groupwise.types import Problem, Sample, TeacherOutput
 
 
@@ -50,4 +50,3 @@ def none(cfg: NoConfig, env) -> None:
     return None
 
 
-import_members(__name__, __path__)

@@ -15,7 +15,7 @@ from groupwise.credit.dash_drift import (
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
 from groupwise.rollout.fake import FakeConfig, FakeGenerator
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 
 CFG = DASHDriftConfig()
 

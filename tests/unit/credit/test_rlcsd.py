@@ -12,7 +12,7 @@ from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
 from groupwise.rollout.fake import FakeConfig, FakeGenerator
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 from groupwise.types import Sample
 
 CFG = RLCSDConfig()

@@ -107,7 +107,7 @@ def test_through_the_learner_a_teacher_equal_to_the_student_gives_zero_loss(tiny
 
     from support import learner, rows
 
-    from groupwise.loop.setup import CountingTeacher, encode
+    from groupwise.loop.pipeline import CountingTeacher, encode
     from groupwise.registry import BuildEnv
     from groupwise.teachers import TEACHERS
     from groupwise.teachers.models import TeacherConfig

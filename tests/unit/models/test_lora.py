@@ -13,6 +13,7 @@ from groupwise.config import LoraConfig, load
 from groupwise.loop.setup import build
 from groupwise.loop.trainer import train
 from groupwise.models import lora
+from groupwise.models.export import export
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import load_pretrained, save_model
 from groupwise.models.tiny import build_tokenizer
@@ -103,7 +104,7 @@ def test_adapter_saves_reloads_and_exports_merged(base_dir, tmp_path):
     lora.load_weights(fresh, tmp_path / "adapter")
     torch.testing.assert_close(logprobs(fresh, tok), want, rtol=0, atol=1e-6)
 
-    dirs = lora.export(tmp_path / "adapter", tmp_path / "out")
+    dirs = export(tmp_path / "adapter", tmp_path / "out")
     assert [d.name for d in dirs] == ["adapter", "merged"]
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "merged")  # no peft involved
     assert not lora.is_lora(plain)
@@ -111,7 +112,7 @@ def test_adapter_saves_reloads_and_exports_merged(base_dir, tmp_path):
 
 
 def test_export_of_a_full_model_is_a_copy(base_dir, tmp_path):
-    assert lora.export(base_dir, tmp_path / "out") == [tmp_path / "out" / "model"]
+    assert export(base_dir, tmp_path / "out") == [tmp_path / "out" / "model"]
     plain, tok = load_pretrained(tmp_path / "out" / "model")
     torch.testing.assert_close(logprobs(plain, tok), logprobs(load_pretrained(base_dir)[0], tok), rtol=0, atol=0)
 

@@ -10,7 +10,7 @@ from groupwise.registry import BuildEnv, ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
 from groupwise.rollout.graphpo import GraphPOConfig, hashed_embedding, policy_embeddings
 from groupwise.rollout.graphpo import graphpo as graphpo_builder
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 from groupwise.tasks.lab import Lab, LabConfig
 from groupwise.types import Completion, Problem, ScoredBatch, TokenBatch
 

@@ -11,7 +11,7 @@ from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.config import load
 from groupwise.registry import ConfigError
 from groupwise.rollout.qlpo import QLPOConfig, QLPOTransform, positive_quota, quadrants, select
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 from groupwise.types import Group, Problem, Sample, ScoredBatch
 
 

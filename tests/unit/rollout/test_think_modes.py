@@ -14,7 +14,7 @@ from groupwise.rollout.base import Request, RolloutContext, SamplingParams
 from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.rollout.hf import HFConfig, HFGenerator
 from groupwise.rollout.think_modes import ThinkModesConfig, think_modes
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 from groupwise.tasks.lab import Lab, LabConfig
 from groupwise.types import Completion, ScoredBatch
 

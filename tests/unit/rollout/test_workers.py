@@ -15,7 +15,7 @@ from groupwise.loop.trainer import rl_step, train
 from groupwise.loop.workers import deal, interleave
 from groupwise.registry import ConfigError
 from groupwise.rollout.sync_check import StaleEngineError
-from groupwise.tasks.base import stable_seed
+from groupwise.seeding import stable_seed
 
 ARGS = ["model.warm_start=false", "trainer.threads=1", "trainer.record_groups=0", "rollout.prompts_per_step=4",
         "rollout.group_size=4", "rollout.max_completion_tokens=12", "optim.lr=1e-2",

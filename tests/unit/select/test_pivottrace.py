@@ -13,6 +13,7 @@ from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
 from groupwise.rollout.hf import HFConfig, HFGenerator
+from groupwise.seeding import stable_seed
 from groupwise.select.attention import attention_maps, eager_attention
 from groupwise.select.pivottrace import (
     PivotTraceConfig,
@@ -30,7 +31,7 @@ from groupwise.select.pivottrace import (
     spearman,
 )
 from groupwise.select.random import RandomSelector
-from groupwise.tasks.base import render_prompt, stable_seed
+from groupwise.tasks.base import render_prompt
 
 LN2 = math.log(2)
 

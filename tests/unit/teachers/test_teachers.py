@@ -7,7 +7,7 @@ from support import learner, rows
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.loop.setup import CountingTeacher, encode
+from groupwise.loop.pipeline import CountingTeacher, encode
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import save_model
 from groupwise.registry import BuildEnv, ConfigError

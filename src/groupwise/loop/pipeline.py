@@ -1,0 +1,277 @@
+"""The ``Pipeline``: every stage of one policy's run, bound, and what the stages hand each other within a step
+(``Rollout``, ``Work``). ``setup.build`` makes one; ``trainer.rl_step`` runs it."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from groupwise.advantages import Advantage, AdvantageTransform
+from groupwise.config import RunConfig
+from groupwise.credit import Credit
+from groupwise.filter import Filter
+from groupwise.loop.record import Recorder
+from groupwise.models import fsdp
+from groupwise.models.forward import completion_logprobs, pack
+from groupwise.parallel import data_parallel
+from groupwise.registry import Entry
+from groupwise.replay import Buffer
+from groupwise.rewards.stage import RewardStage
+from groupwise.rollout.base import (
+    Generator,
+    GroupBuilder,
+    GroupTransform,
+    RolloutContext,
+    SamplingParams,
+    close,
+    release,
+)
+from groupwise.rollout.sync_check import Probe, SyncCheck
+from groupwise.seeding import stable_seed
+from groupwise.select import Selector
+from groupwise.tasks.base import Task, render_prompt
+from groupwise.teachers import Teacher, TeacherWant
+from groupwise.types import Group, Problem, Replayed, Sample, ScoredBatch, TeacherOutput, TokenBatch
+from groupwise.update import Learner
+
+
+class CountingGenerator:
+    """Wraps a Generator and counts what it does: completion ``tokens``, ``prompt_tokens`` and ``seconds``
+    (reset by the driver each step). With a ``check`` (``rollout.sync_check``) it verifies, after every
+    ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
+    (``rollout/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
+    parameters: the ``hf`` generator; ``Generator``); the last ``probe`` is what a Ray worker sends back
+    (``loop/workers.py``).
+    The probe's generation goes to ``engine`` (default ``inner``; under ``rollout.tools``, the engine inside the
+    tool loop, so a probe never calls a tool) directly: it is not counted and draws from none of the run's
+    streams."""
+
+    def __init__(self, inner: Generator, check: SyncCheck | None = None, name: str = "",
+                 model: torch.nn.Module | None = None, engine: Generator | None = None):
+        self.inner, self.check, self.name, self.model = inner, check, name, model
+        self.engine = engine if engine is not None else inner
+        self.probe: Probe | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens, self.prompt_tokens, self.seconds = 0, 0, 0.0
+
+    def generate(self, requests, params, rng):
+        if self.check is not None and self.probe is None and self.model is not None:
+            self._verify(self.model, logged=False)  # the engine's first weights (vLLM starts from dummy ones)
+        t0 = time.perf_counter()
+        out = self.inner.generate(requests, params, rng)
+        self.seconds += time.perf_counter() - t0
+        self.tokens += sum(int(c.completion_ids.numel()) for c in out)
+        self.prompt_tokens += sum(int(r.prompt_ids.numel()) for r in requests)
+        return out
+
+    def sync_weights(self, model, check_shared: bool = False) -> None:
+        """``check_shared``: probe also an engine that shares ``model``'s parameters (a Ray worker: its policy
+        came from the driver, and the probe is what the driver compares with its own)."""
+        shared = self.inner.sync_weights(model) is True
+        if self.check is not None and (check_shared or not shared):
+            self._verify(model)
+
+    def _verify(self, model, logged: bool = True) -> None:
+        self.probe = self.check.verify(f"generator '{self.name}'", self.engine, model,
+                                       lambda: self.inner.sync_weights(model), logged)
+
+    def release(self) -> None:
+        release(self.inner)
+
+    def close(self) -> None:
+        close(self.inner)
+
+
+class CountingTeacher:
+    """Wraps a Teacher and counts its passes per step: ``teacher/forwards``, ``rows``, ``tokens``, ``seconds``."""
+
+    def __init__(self, inner: Teacher):
+        self.inner = inner
+        self.counts = dict.fromkeys(("forwards", "rows", "tokens", "seconds"), 0.0)
+
+    def score(self, samples: list[Sample], problems: list[Problem], want: TeacherWant) -> TeacherOutput:
+        t0 = time.perf_counter()
+        out = self.inner.score(samples, problems, want)
+        c = self.counts
+        c["forwards"] += 1
+        c["rows"] += len(samples)
+        c["tokens"] += sum(s.length for s in samples)
+        c["seconds"] += time.perf_counter() - t0
+        return out
+
+    def on_step(self, step: int, policy) -> None:
+        self.inner.on_step(step, policy)
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"teacher/{k}": v for k, v in self.counts.items()}
+        self.counts = dict.fromkeys(self.counts, 0.0)
+        return out
+
+
+ROLLOUT_PARTS = ("selector", "builder", "transform", "reward", "filter")
+"""Key prefixes of the parts the rollout stage runs; the buffer and the teacher run with the update."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A built component, the key its state is checkpointed under, and its entry (declared abilities)."""
+
+    key: str
+    obj: Any
+    entry: Entry
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """Every stage of one policy's run, bound (see ``trainer.rl_step`` for the order they run in)."""
+
+    cfg: RunConfig
+    task: Task
+    policy: torch.nn.Module
+    tokenizer: Any
+    selector: Selector
+    generator: CountingGenerator
+    builder: GroupBuilder
+    transforms: list[GroupTransform]
+    reward: RewardStage
+    filter: Filter
+    advantage: Advantage
+    advantage_transforms: list[AdvantageTransform]
+    replay: Buffer
+    credit: list[Credit]
+    teacher: CountingTeacher | None
+    learner: Learner
+    parts: list[Part]
+    recorder: Recorder
+    shards: Any = None  # builds and scores the step's rollout shards (``loop/workers.py``)
+    lag: Any = None  # ``lag.Lag`` with rollout.max_async_level > 0: weight versions and the snapshot pipeline
+
+    def encode(self, problem: Problem) -> Tensor:
+        return encode(problem, self.tokenizer, self.cfg.model.chat_template)
+
+    @torch.no_grad()
+    def policy_logprobs(self, samples: list[Sample], vocab: bool = False) -> list[Tensor]:
+        """One teacher-forced pass of the current policy over stored samples (no grad, eval mode): each row's
+        sampled-token log-probs [T], or with ``vocab`` its whole log-softmax [T, V] (callers chunk the rows)."""
+        was = self.policy.training
+        self.policy.eval()
+        dev = next(self.policy.parameters()).device
+        out: list[Tensor] = []
+        for i in range(0, len(samples), 64):
+            chunk = samples[i:i + 64]
+            packed = pack([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
+                          self.learner.settings.pad_id, dev)
+            fwd = completion_logprobs(self.policy, packed, self.cfg.rollout.temperature, with_vocab=vocab)
+            lp = fwd.vocab_logprobs if vocab else fwd.logprobs
+            out += [lp[k, :s.length].cpu() for k, s in enumerate(chunk)]
+        self.policy.train(was)
+        return out
+
+    def context(self, step: int, shard: int | None = None, draws: dict | None = None) -> RolloutContext:
+        """The step's context. ``ctx.rng(stage)`` seeds from (seed, step, stage, n-th draw of that stage this
+        step, then the rank with several ranks and the ``shard`` index with several shards); ``draws`` holds
+        the per-(stage, shard) counts, shared by every context of a step, so refills continue the streams and a
+        shard built in a Ray worker continues from where the driver's count stands."""
+        r = self.cfg.rollout
+        draws = {} if draws is None else draws
+        rank, world = data_parallel()
+        ranked = ((rank,) if world > 1 else ()) + ((shard,) if shard is not None else ())
+
+        def rng(stage: str) -> torch.Generator:
+            n = draws.get((stage, shard), 0)
+            draws[(stage, shard)] = n + 1
+            return torch.Generator().manual_seed(stable_seed(self.cfg.seed, step, stage, n, *ranked))
+
+        return RolloutContext(
+            generator=self.generator, tokenizer=self.tokenizer, task=self.task,
+            score=lambda groups: self.reward(groups, step),
+            params=SamplingParams(r.max_completion_tokens, r.temperature, r.top_p, r.stop),
+            group_size=r.group_size, step=step, rng=rng, encode=self.encode,
+            policy_logprobs=self.policy_logprobs, model=self.policy, eos_id=self.tokenizer.eos_token_id,
+            teacher=self.teacher, check=self.reward.check)
+
+    def full_weights(self):
+        """A context in which the policy has its whole weights on every rank (FSDP; a no-op otherwise)."""
+        return fsdp.full_weights(self.policy)
+
+    def trainer_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a checkpoint holds besides the weights: the optimizer state (``optimizer``: one already gathered,
+        under FSDP), the scheduler and every stateful part's state."""
+        learner = self.learner
+        out = {"optimizer": learner.optimizer.state_dict() if optimizer is None else optimizer,
+               "scheduler": learner.scheduler.state_dict(),
+               "components": {k: v.state_dict() for k, v in self.stateful().items()}}
+        if self.lag is not None:  # the kept weight versions, and the rollout stage's state before its lag
+            out["lag"] = self.lag.state_dict()
+        return out
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        """The inverse of ``trainer_state``."""
+        self.learner.load_optimizer(state["optimizer"])
+        self.learner.scheduler.load_state_dict(state["scheduler"])
+        for key, part in self.stateful().items():
+            part.load_state_dict(state["components"][key])
+        if self.lag is not None:
+            self.lag.load_state_dict(state["lag"])
+
+    def stateful(self) -> dict[str, Any]:
+        """Components whose state is checkpointed, by key (those registered ``stateful=True``)."""
+        return {p.key: p.obj for p in self.parts if p.entry.stateful}
+
+    def rollout_parts(self) -> list[Part]:
+        """The parts the rollout stage runs (``ROLLOUT_PARTS``): a lagged loop runs them ahead of the update."""
+        return [p for p in self.parts if p.key.startswith(ROLLOUT_PARTS)]
+
+    def component_metrics(self, rollout: bool) -> dict[str, float]:
+        """Metrics of the parts registered ``reports=True``: with ``rollout`` those of the rollout stage (and
+        the reward stage's failure counts, the shards'), read as it ends; else the others (and the teacher's
+        pass counts), read after the update."""
+        out: dict[str, float] = {}
+        for p in self.parts:
+            if p.entry.reports and p.key.startswith(ROLLOUT_PARTS) == rollout:
+                out.update(p.obj.metrics())
+        if rollout:
+            out.update(self.reward.metrics())
+            if self.shards is not None:
+                out.update(self.shards.metrics())
+            return out
+        if self.generator.check is not None:  # the generator's and the Ray workers' probes (one SyncCheck)
+            out.update(self.generator.check.metrics())
+        if self.teacher is not None:
+            out.update(self.teacher.metrics())
+        return out
+
+
+def encode(problem: Problem, tokenizer, chat_template: bool = True) -> Tensor:
+    text = render_prompt(problem, tokenizer, chat_template)
+    return torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One step's rollout stage, as the rest of the step reads it."""
+
+    step: int
+    groups: list[Group]  # kept by the filter: the step's training groups
+    rollouts: list[Group]  # everything generated this step, refills included (rollout metrics, the recorder)
+    seen: list  # the recorder's view of the shards' groups, before the transforms
+    draws: dict  # the step's seed counters per (stage, shard): replay continues them
+    filtered: dict[str, float]  # the filter's metrics
+    metrics: dict[str, float]  # the rollout stage's components', staleness and perf metrics
+
+
+@dataclasses.dataclass
+class Work:
+    """A step between its rollout stage and its update."""
+
+    rollout: Rollout
+    batch: ScoredBatch
+    adv: Tensor  # [N, G]
+    replayed: list[Replayed]
+    tokens: TokenBatch
