@@ -6,7 +6,7 @@
 Each recipe runs ``--steps`` RL steps (default 3) through ``groupwise.train`` with no eval, no checkpoint but
 the last, one torch thread and shrunk batches (``--small``, default on: 4 prompts × the recipe's group size,
 so the whole set runs in minutes on 2 cores), and every step's metrics are kept except the wall-clock ones
-(``perf/*``, ``time``). Metrics that exist on one side only are listed but not failed on (a refactor may add
+(``perf/*``, ``*_s``, ``*/seconds``, ``time``). Metrics that exist on one side only are listed but not failed on (a refactor may add
 a metric; ``--strict`` fails on them too). Recipes that need what this machine lacks (vLLM, a GPU, Ray,
 Flower, a model that is not on disk) are skipped with the reason; the list of skips is printed.
 
@@ -23,7 +23,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WALL_CLOCK = ("perf/",)
+WALL_CLOCK_ENDS = ("/seconds", "_s")  # teacher/seconds, select/probe_s
+
+
+def wall_clock(key: str) -> bool:
+    """A metric measured on the clock or of the process (``perf/*``, ``challenger/perf/*``, ``*_s``, ``time``)."""
+    return key == "time" or key.startswith("perf/") or "/perf/" in key or key.endswith(WALL_CLOCK_ENDS)
 
 
 def step_metrics(recipe: str, steps: int = 3, small: bool = True, out_dir: str | None = None) -> list[dict]:
@@ -40,7 +45,7 @@ def step_metrics(recipe: str, steps: int = 3, small: bool = True, out_dir: str |
         groupwise.train(recipe, over, overwrite=True)
         rows = [json.loads(line) for line in (Path(out) / "same_steps" / "metrics.jsonl").read_text().splitlines()
                 if line.strip()]
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(WALL_CLOCK)}
+    return [{k: v for k, v in r.items() if not wall_clock(k)}
             for r in rows if "step" in r and not any(k.startswith("eval/") for k in r)]
 
 
@@ -63,6 +68,8 @@ def compare(before: list[dict], after: list[dict], strict: bool) -> list[str]:
             if k not in b or k not in a:
                 if strict:
                     out.append(f"step {b.get('step')}: {k} only {'after' if k in a else 'before'}")
+            elif wall_clock(k):
+                continue
             elif b[k] != a[k] and not (b[k] != b[k] and a[k] != a[k]):  # NaN == NaN here
                 out.append(f"step {b.get('step')}: {k} {b[k]!r} -> {a[k]!r}")
     return out

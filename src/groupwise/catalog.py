@@ -66,13 +66,14 @@ def support(entry: Any) -> dict[str, str]:
     if entry.kind == "driver":  # a driver lists what it refuses on its config class (and its check() refuses it)
         refused = getattr(entry.config, "REFUSES", {})
         return {k: f"no: {refused[k]}" if k in refused else "yes" for k in ("vllm", "ray")}
-    vllm = "yes" if entry.kind != "generator" or entry.name == "vllm" else "—"
+    vllm = "yes" if entry.kind != "generator" or "vllm_engine" in entry.abilities("provides", None) else "—"
     why = worker_refusal(entry)
     ray = f"no: {why}" if why else "yes" if entry.kind in WORKER_KINDS else "driver"
     return {"vllm": vllm, "ray": ray}
 
 
 def refusal(cfg: Any, engine: str) -> str:
-    """The one-line load error for a driver that refuses ``engine`` (``vllm`` / ``ray``), or ""."""
+    """The one-line load error for a driver that refuses ``engine`` (``vllm`` / ``ray`` / ``torchrun`` / ``async``),
+    or ""."""
     why = getattr(type(cfg.driver.cfg), "REFUSES", {}).get(engine, "")
     return f"driver '{cfg.driver.name}' does not run with {engine}: {why}" if why else ""

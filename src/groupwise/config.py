@@ -5,7 +5,7 @@ A recipe lists only what differs from the defaults below. A component slot is wr
 terms) also take ``weight``. Overrides use dotted paths: ``trainer.steps=3``, ``advantage.name=rloo``,
 ``loss.terms.0.clip_high=0.28``. Every error is one line naming the file:line or override, the key path,
 and what is allowed (a range error raised by an override cites the override). Float knobs must be finite
-(``.nan`` / ``.inf`` fail at load) except the documented infinities in ``INFINITE_OK``; duplicate YAML keys
+(``.nan`` / ``.inf`` fail at load) except the knobs whose field says ``infinite`` (``INFINITE``); duplicate YAML keys
 fail naming both lines. An override may index a default list the recipe does not spell out
 (``loss.terms.0.clip_high=0.28``). Component configs may define ``check(run)`` for cross-section rules.
 ``diff(a, b)`` lists the dotted keys where two resolved configs differ (e.g. a resume with new overrides).
@@ -34,10 +34,10 @@ from groupwise.registry import ConfigError, Registry
 
 _WEIGHTED = {"reward", "loss"}
 
-INFINITE_OK = {"groupwise.replay.hdr.HDRConfig.tau", "groupwise.losses.opsd.OPSDConfig.token_clip",
-               "groupwise.losses.dash_opsd.DASHConfig.token_clip"}
-"""``module.Class.field`` of the float knobs whose documented meaning includes an infinity (``tau: .inf`` = no
-gate, ``token_clip: .inf`` = no clip). Every other float knob must be finite: ``.nan`` / ``.inf`` fail at load (a plugin may add its own)."""
+INFINITE = "infinite"
+"""Field metadata of a float knob whose documented meaning includes an infinity (``tau: .inf`` = no gate,
+``token_clip: .inf`` = no clip): ``dataclasses.field(default=..., metadata={"infinite": True})``. Every other
+float knob must be finite: ``.nan`` / ``.inf`` fail at load."""
 
 
 def registry(kind: str) -> Registry[Any]:
@@ -584,19 +584,15 @@ def _check(cfg: RunConfig) -> None:
                 check(cfg)
             except ValueError as e:
                 raise ConfigError(f"{spec.kind} '{spec.name}': {e}") from None
-    for i, spec in enumerate(cfg.loss.terms):
-        needs = registry("loss").get(spec.name).needs_of(spec.cfg) if spec.weight != 0 else ()
-        if any(n.startswith("teacher") for n in needs) and cfg.teacher.name == "none":
-            raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs a teacher; set teacher: privileged | frozen | "
-                              "ema | model")
-        if "teacher_topk" in needs and not getattr(cfg.teacher.cfg, "top_k", 0):
-            raise ConfigError(f"loss.terms.{i}: '{spec.name}' needs the teacher's top-k support; set teacher.top_k")
+    _check_abilities(cfg)
     _check_importance_sampling(cfg)
     if cfg.rollout.max_async_level:
         _check_async(cfg)
     from groupwise.catalog import refusal
 
-    for engine, on in (("vllm", cfg.rollout.generator.name == "vllm"), ("ray", cfg.rollout.workers > 0)):
+    generator = registry("generator").get(cfg.rollout.generator.name)
+    for engine, on in (("vllm", "vllm_engine" in generator.abilities("provides", cfg.rollout.generator.cfg)),
+                       ("ray", cfg.rollout.workers > 0), ("async", cfg.rollout.max_async_level > 0)):
         why = refusal(cfg, engine) if on else ""
         if why:
             raise ConfigError(f"driver: {why}")
@@ -607,6 +603,63 @@ def _check(cfg: RunConfig) -> None:
             if on:
                 raise ConfigError(f"trainer.data_parallel=fsdp: {key} under FSDP is not built; use "
                                   "trainer.data_parallel=replicate with it")
+
+
+def slots(cfg: RunConfig) -> list[tuple[str, Spec]]:
+    """Every selected component with its key, in pipeline order; a term with weight 0 is computed and logged
+    but gives nothing to the others, so it is left out."""
+    r = cfg.rollout
+    out = [("task", cfg.task), ("select", cfg.select), ("rollout.generator", r.generator),
+           ("rollout.builder", r.builder), *((f"rollout.transforms.{i}", t) for i, t in enumerate(r.transforms)),
+           *((f"reward.terms.{i}", t) for i, t in enumerate(cfg.reward.terms)), ("filter", cfg.filter),
+           ("replay", cfg.replay), ("advantage", cfg.advantage),
+           *((f"advantage_transforms.{i}", t) for i, t in enumerate(cfg.advantage_transforms)),
+           *((f"credit.{i}", t) for i, t in enumerate(cfg.credit)), ("teacher", cfg.teacher),
+           *((f"loss.terms.{i}", t) for i, t in enumerate(cfg.loss.terms)), ("driver", cfg.driver)]
+    return [(k, s) for k, s in out if s.weight != 0]
+
+
+def _check_abilities(cfg: RunConfig) -> None:
+    """Every ability a selected component requires (``Entry.requires``; a loss term's teacher ``needs`` require a
+    teacher) is provided by another selected one, and none provides what another ``conflicts`` with."""
+    chosen = [(key, spec, registry(spec.kind).get(spec.name)) for key, spec in slots(cfg)]
+    given = {a: (key, spec) for key, spec, e in chosen for a in e.abilities("provides", spec.cfg)}
+    for key, spec, entry in chosen:
+        needs = entry.needs_of(spec.cfg) if spec.kind == "loss" else ()
+        wants = (*entry.abilities("requires", spec.cfg), *(n for n in ("teacher", "teacher_topk") if n in needs),
+                 *(("teacher",) if "teacher_vocab" in needs else ()))
+        for ability in dict.fromkeys(wants):
+            if ability not in given:
+                raise ConfigError(f"{key}: {spec.kind} '{spec.name}' requires {ability!r}, which no selected "
+                                  f"component provides; allowed: add {' or '.join(providers(ability))}")
+        for ability in entry.abilities("conflicts", spec.cfg):
+            other = [(k, s) for k, s, e in chosen if s is not spec and ability in e.abilities("provides", s.cfg)]
+            if other:
+                raise ConfigError(f"{key}: {spec.kind} '{spec.name}' cannot run with {other[0][1].kind} "
+                                  f"'{other[0][1].name}' ({other[0][0]}): both {ability!r}; allowed: one of them")
+
+
+def providers(ability: str) -> list[str]:
+    """Who could provide ``ability``, for an error message: ``kind 'name'``, and when that depends on its knobs,
+    the first line of its ``provides`` docstring (which says how)."""
+    from groupwise.catalog import KINDS
+
+    out = []
+    for reg in KINDS.values():
+        for e in reg.entries():
+            if not callable(e.provides):
+                out += [f"{e.kind} '{e.name}'"] if ability in e.provides else []
+                continue
+            try:
+                default = e.abilities("provides", e.config())
+            except Exception:  # a config class without defaults for every field: named if its doc names it
+                default = (ability,) if ability in (e.provides.__doc__ or "") else ()
+            doc = (e.provides.__doc__ or "").strip().splitlines()
+            if ability in default:
+                out.append(f"{e.kind} '{e.name}'")
+            elif doc and ability in e.provides.__doc__:
+                out.append(f"{e.kind} '{e.name}' ({doc[0].strip().rstrip('.')})")
+    return out or ["a component that provides it (none is registered)"]
 
 
 def _check_importance_sampling(cfg: RunConfig) -> None:
@@ -651,8 +704,8 @@ def _check_async(cfg: RunConfig) -> None:
     for key, on, why in (
             ("rollout.workers", cfg.rollout.workers > 0, "Ray workers hold the current weights, not a snapshot"),
             ("trainer.data_parallel", cfg.trainer.data_parallel == "fsdp", "FSDP gathers weights collectively"),
-            ("teacher", cfg.teacher.name == "privileged", "a privileged teacher reads the weights being updated"),
-            ("driver", cfg.driver.name != "single", "only the single-policy loop runs lagged steps")):
+            ("teacher", "reads_live_policy" in registry("teacher").get(cfg.teacher.name).abilities(
+                "provides", cfg.teacher.cfg), f"teacher '{cfg.teacher.name}' reads the weights being updated")):
         if on:
             raise ConfigError(f"rollout.max_async_level={k}: not built with {key} here ({why}); allowed: "
                               f"rollout.max_async_level=0 with it")
@@ -688,8 +741,8 @@ def _blame(path: tuple[str, ...], raw: Mapping[str, Any], msg: str) -> tuple[str
 
 
 def _infinite_ok(cls: type, name: str, value: Any) -> bool:
-    """``value`` is an infinity and ``cls.name`` is a documented infinite knob (``INFINITE_OK``)."""
-    if f"{cls.__module__}.{cls.__qualname__}.{name}" not in INFINITE_OK:
+    """``value`` is an infinity and ``cls.name`` is a documented infinite knob (its field's ``INFINITE``)."""
+    if not next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get(INFINITE):
         return False
     try:
         return not isinstance(value, bool) and math.isinf(float(value))
@@ -828,7 +881,7 @@ def _coerce_int(value: Any, path: tuple[str, ...], lines: _Lines) -> int:
 
 def _coerce_float(value: Any, path: tuple[str, ...], lines: _Lines) -> float:
     """A finite float (``.nan`` / ``.inf`` fail: they pass range checks such as ``lr > 0`` and poison the run;
-    the knobs in ``INFINITE_OK`` never reach here with an infinity)."""
+    the ``INFINITE`` knobs never reach here with an infinity)."""
     out = None
     if isinstance(value, int | float | str) and not isinstance(value, bool):
         with contextlib.suppress(ValueError, OverflowError):  # OverflowError: an integer beyond float range

@@ -59,7 +59,7 @@ class ZeroVarianceConfig:
             raise ValueError("max_refill_rounds must be >= 0 and oversample >= 1")
 
 
-@FILTERS.register("zero_variance", config=ZeroVarianceConfig)
+@FILTERS.register("zero_variance", config=ZeroVarianceConfig, provides=("drops_groups",))
 def zero_variance(cfg: ZeroVarianceConfig, env):
     """Drop groups with identical rewards (their GRPO advantages are all 0) and refill up to a cap.
 

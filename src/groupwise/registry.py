@@ -14,7 +14,9 @@ probed: ``stateful`` (``state_dict()`` / ``load_state_dict()``, checkpointed), `
 dict[str, float]``, merged into each step's metrics), ``driver_only`` (it must run in the training process:
 never in a Ray rollout worker), for generators ``logprobs`` (its completions carry the sampler's own
 log-probs; false for a scripted one, which the importance-sampling correction refuses) and ``snapshot`` (it
-can be built on a frozen copy of the weights: asynchronous rollouts), and for loss terms
+can be built on a frozen copy of the weights: asynchronous rollouts), ``provides`` / ``requires`` / ``conflicts``
+(abilities, plain strings, that members give each other: ``config.check`` refuses a recipe whose selected
+components require an ability none provides, so no component checks another by name), and for loss terms
 ``needs`` (inputs the update must compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
 rows). Unknown names fail with the valid names and the closest match.
 
@@ -40,6 +42,7 @@ from typing import Any, Generic, Literal, TypeVar
 from groupwise.errors import ConfigError, RunStopped  # noqa: F401  (registry.ConfigError / RunStopped: also used as such)
 
 T = TypeVar("T")
+Abilities = tuple[str, ...] | Callable[[Any], tuple[str, ...]]
 
 NEEDS = ("ref", "teacher", "teacher_topk", "teacher_vocab", "vocab")
 """What a loss term may ask the update for: reference log-probs, the teacher's log-probs of the sampled
@@ -96,6 +99,14 @@ class Entry(Generic[T]):
     snapshot: bool = False
     """A generator built on ``env.policy`` samples from that module alone, so a second one built on a frozen
     copy of the weights samples from the copy (``rollout.max_async_level`` > 0 needs it; ``loop/lag.py``)."""
+    provides: Abilities = ()
+    """What this member gives the others of a run (``"think_modes"``: its samples carry their mode; ``"teacher"``;
+    ``"policy_gradient"``), a function of its config when that depends on a knob."""
+    requires: Abilities = ()
+    """Abilities some other selected component must provide (checked at load, ``config.check``): a component
+    never checks another by its name."""
+    conflicts: Abilities = ()
+    """Abilities no other selected component may provide (e.g. the same factor applied twice)."""
 
     @property
     def origin(self) -> str:
@@ -121,6 +132,11 @@ class Entry(Generic[T]):
         if bad:
             raise TypeError(f"{self.kind} '{self.name}': unknown needs {bad}; allowed: {', '.join(NEEDS)}")
         return needs
+
+    def abilities(self, which: str, cfg: Any) -> tuple[str, ...]:
+        """``provides`` / ``requires`` / ``conflicts`` for the member's config ``cfg``."""
+        value = getattr(self, which)
+        return tuple(value(cfg)) if callable(value) else tuple(value)
 
     def metric_name(self, cfg: Any) -> str:
         return self.label(cfg) if self.label is not None else self.name
@@ -166,7 +182,8 @@ class Registry(Generic[T]):
     def register(self, name: str, config: type = NoConfig, *, stateful: bool = False, reports: bool = False,
                  needs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (), advantage_only: bool = False,
                  label: Callable[[Any], str] | None = None, driver_only: bool = False,
-                 logprobs: bool = True, snapshot: bool = False) -> Callable[[T], T]:
+                 logprobs: bool = True, snapshot: bool = False, provides: Abilities = (),
+                 requires: Abilities = (), conflicts: Abilities = ()) -> Callable[[T], T]:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"{self.kind} '{name}': config must be a dataclass, got {config!r}")
         bad = [] if callable(needs) else [n for n in needs if n not in NEEDS]
@@ -180,7 +197,8 @@ class Registry(Generic[T]):
             _check_params(self, name, obj)
             self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports,
                                         needs if callable(needs) else tuple(needs), advantage_only, label,
-                                        driver_only, self.contract, logprobs, snapshot)
+                                        driver_only, self.contract, logprobs, snapshot, provides, requires,
+                                        conflicts)
             return obj
 
         return deco

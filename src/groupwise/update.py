@@ -178,12 +178,12 @@ class Learner:
 
     def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                  terms: list[BoundLoss], settings: UpdateSettings, ref: torch.nn.Module | None = None,
-                 teacher: Any = None, teacher_top_k: int = 0):
+                 teacher: Any = None):
         self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
         self.terms = [t for t in terms if t.weight != 0]  # a zero-weight term costs nothing and loads nothing
         self.settings, self.ref, self.teacher = settings, ref, teacher
         self.needs = {n for t in self.terms for n in t.needs}
-        self.want = TeacherWant(top_k=teacher_top_k if "teacher_topk" in self.needs else 0,
+        self.want = TeacherWant(topk="teacher_topk" in self.needs,
                                 vocab="teacher_vocab" in self.needs)
         self.inert = all(t.entry.advantage_only for t in self.terms)
         self.sharded = fsdp.is_sharded(policy)  # FSDP (models/fsdp.py): passes are collectives, grads reduce-scattered
@@ -197,8 +197,7 @@ class Learner:
         optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.trainer.steps)
         settings = UpdateSettings(cfg.loss.reduction, cfg.optim, cfg.rollout.temperature,
                                   cfg.rollout.max_completion_tokens, pad_id, cfg.loss.importance_sampling)
-        top_k = getattr(cfg.teacher.cfg, "top_k", 0)  # teacher configs without a top_k have no top-k support
-        return Learner(policy, optimizer, scheduler, bind_losses(cfg), settings, ref, teacher, top_k)
+        return Learner(policy, optimizer, scheduler, bind_losses(cfg), settings, ref, teacher)
 
     def active_rows(self, batch: TokenBatch) -> list[int]:
         """Rows that can carry loss (see the module docstring)."""

@@ -199,7 +199,8 @@ def test_two_lora_adapters_on_one_base(tmp_path):
     (["driver.players=lora"], r"^driver 'agon': players=lora needs model.lora .*; allowed: .*$"),
     (["model.lora={r: 4}"], r"^driver 'agon': players=full trains two full copies, but model.lora is set; "),
     (["driver.rival_weight=-1"], r"rival_weight=-1"),
-    (["filter=zero_variance"], r"^driver 'agon': filter=zero_variance: .*; allowed: none$"),
+    (["filter=zero_variance"], r"^driver: driver 'agon' cannot run with filter 'zero_variance' \(filter\): both "
+                               r"'drops_groups'; allowed: one of them$"),
     (["driver.mode=rivalry"], r"driver.mode.*rivalry"),
     (["rollout.generator=vllm"], r"^driver: driver 'agon' does not run with vllm: two players would need"),
 ])

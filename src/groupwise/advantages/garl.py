@@ -84,7 +84,7 @@ class GARLConfig:
             raise ValueError(f"amp_max={self.amp_max}: use 0 (off) or a cap >= 1")
 
 
-@ADVANTAGE_TRANSFORMS.register("garl", config=GARLConfig)
+@ADVANTAGE_TRANSFORMS.register("garl", config=GARLConfig, provides=("q_weighting",))
 def garl(batch: ScoredBatch, adv: Tensor, cfg: GARLConfig) -> Tensor:
     m = group_count(batch.mask)
     p_hat = success(batch, cfg.success).sum(-1, keepdim=True) / m.clamp(min=1)
@@ -104,14 +104,11 @@ class PAFTConfig:
         if self.k_r < 0:
             raise ValueError(f"k_r={self.k_r}: use 0 (the group size) or a positive count")
 
-    def check(self, run) -> None:
-        if not any(t.name == "paft" and t.weight != 0 for t in run.loss.terms):
-            raise ValueError("advantage 'paft' holds SFT weights for the 'paft' loss term; add it to loss.terms")
-        if any(t.name == "garl" for t in run.advantage_transforms):
-            raise ValueError("advantage 'paft' already carries the J_Q factor P̂^(1−q); remove the 'garl' transform")
 
 
-@ADVANTAGES.register("paft", config=PAFTConfig)
+# its advantages are the SFT weights the 'paft' loss term reads; they already carry the J_Q factor P̂^(1−q)
+@ADVANTAGES.register("paft", config=PAFTConfig, provides=("paft_weights", "q_weighting"), requires=("paft_loss",),
+                     conflicts=("q_weighting",))
 def paft(batch: ScoredBatch, cfg: PAFTConfig) -> Tensor:
     r = success(batch, cfg.success)
     m = group_count(batch.mask)

@@ -66,9 +66,6 @@ class DASHDriftConfig:
         if self.w_max < 1:
             raise ValueError(f"w_max={self.w_max}: must be >= 1 (the penalty of a segment with no earlier answer)")
 
-    def check(self, run) -> None:
-        if not any(t.name == "dash_drift" for t in run.rollout.transforms):
-            raise ValueError("needs the 'dash_drift' group transform in rollout.transforms (it marks the commitments)")
 
 
 def commitments(text: str, ids: list[int], tokenizer, is_gold, pattern: str) -> list[tuple[int, bool]]:
@@ -122,7 +119,7 @@ class DriftMarks:
         return out
 
 
-@TRANSFORMS.register("dash_drift", config=DriftMarksConfig, reports=True)
+@TRANSFORMS.register("dash_drift", config=DriftMarksConfig, provides=("drift_marks",), reports=True)
 def drift_marks(cfg: DriftMarksConfig, env) -> DriftMarks:
     return DriftMarks(cfg)
 
@@ -145,7 +142,7 @@ def segment_values(marks: list[tuple[int, bool]], a: float, drift: bool, l_ref: 
     return out
 
 
-@CREDIT.register("dash_drift", config=DASHDriftConfig)
+@CREDIT.register("dash_drift", config=DASHDriftConfig, requires=("drift_marks",))
 def dash_drift(batch: TokenBatch, cfg: DASHDriftConfig) -> TokenBatch:
     adv = batch.advantages.clone()  # [B, T]
     lengths = batch.completion_mask.sum(-1).float()

@@ -54,13 +54,10 @@ class GraphPOCreditConfig:
             raise ValueError(f"w={self.w}, mu={self.mu}, eps={self.eps}, gamma_s={self.gamma_s}: need w in [0, 1] "
                              "and mu, eps, gamma_s >= 0")
 
-    def check(self, run) -> None:
-        if run.rollout.builder.name != "graphpo":
-            raise ValueError(f"needs rollout.builder 'graphpo' (which records the rollout graph), got "
-                             f"'{run.rollout.builder.name}'")
-        if self.gamma_s > 0 and run.rollout.builder.cfg.equivalence != "embedding":
-            raise ValueError("gamma_s > 0 discounts by endpoint similarity: needs rollout.builder.equivalence "
-                             f"'embedding', got '{run.rollout.builder.cfg.equivalence}'")
+    def requires(self) -> tuple[str, ...]:
+        """The rollout graph (the 'graphpo' builder records it); with γ_s > 0 also its endpoint embeddings (the
+        builder's ``equivalence: embedding``)."""
+        return ("rollout_graph",) + (("endpoint_similarity",) if self.gamma_s > 0 else ())
 
 
 def standardise(x: list[float], eps: float) -> list[float]:
@@ -132,7 +129,7 @@ def _edge_reward(v: list[float], parent: list[int], cos: list[float], h: int, ga
     return (v[h] - v[parent[h]]) * max(1.0 - cos[h], 0.0) ** gamma_s
 
 
-@CREDIT.register("graphpo", config=GraphPOCreditConfig)
+@CREDIT.register("graphpo", config=GraphPOCreditConfig, requires=GraphPOCreditConfig.requires)
 def graphpo(batch: TokenBatch, cfg: GraphPOCreditConfig) -> TokenBatch:
     adv = batch.advantages.clone()  # [B, T]
     rows: dict[int, list[int]] = {}

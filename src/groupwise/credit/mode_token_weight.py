@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from groupwise.credit import CREDIT
-from groupwise.rollout.think_modes import MODES, require_think_modes
+from groupwise.rollout.think_modes import MODES
 from groupwise.types import TokenBatch
 
 
@@ -32,11 +32,8 @@ class ModeTokenWeightConfig:
         if not self.mode_token_loss_weight >= 0:
             raise ValueError(f"mode_token_loss_weight={self.mode_token_loss_weight}: must be >= 0")
 
-    def check(self, run) -> None:
-        require_think_modes(run)
 
-
-@CREDIT.register("mode_token_weight", config=ModeTokenWeightConfig)
+@CREDIT.register("mode_token_weight", config=ModeTokenWeightConfig, requires=("think_modes",))
 def mode_token_weight(batch: TokenBatch, cfg: ModeTokenWeightConfig) -> TokenBatch:
     if cfg.mode_token_loss_weight == 1.0:
         return batch

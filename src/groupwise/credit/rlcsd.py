@@ -80,8 +80,6 @@ class RLCSDConfig:
             raise ValueError(f"clip [{self.clip_low}, {self.clip_high}] must contain 0")
 
     def check(self, run) -> None:
-        if not any(t.name == "rlcsd" for t in run.rollout.transforms):
-            raise ValueError("needs the 'rlcsd' group transform in rollout.transforms (it computes the contrast)")
         if run.loss.reduction != "token_mean":
             raise ValueError(f"the two-path loss is written as token_mean weights; loss.reduction is "
                              f"'{run.loss.reduction}'")
@@ -143,7 +141,7 @@ class RLCSDHints:
         return dict(self._m)
 
 
-@TRANSFORMS.register("rlcsd", config=RLCSDHintsConfig, reports=True)
+@TRANSFORMS.register("rlcsd", config=RLCSDHintsConfig, provides=("rlcsd_contrast",), reports=True)
 def rlcsd_hints(cfg: RLCSDHintsConfig, env) -> RLCSDHints:
     return RLCSDHints(cfg)
 
@@ -157,7 +155,7 @@ def modulate(a: torch.Tensor, e: torch.Tensor, cfg: RLCSDConfig) -> tuple[torch.
     return mod, sel
 
 
-@CREDIT.register("rlcsd", config=RLCSDConfig)
+@CREDIT.register("rlcsd", config=RLCSDConfig, requires=("rlcsd_contrast",))
 def rlcsd(batch: TokenBatch, cfg: RLCSDConfig) -> TokenBatch:
     adv, m = batch.advantages.clone(), batch.completion_mask
     sel, kept = torch.zeros_like(m), torch.ones(m.shape[0], 1, dtype=torch.bool, device=m.device)

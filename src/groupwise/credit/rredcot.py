@@ -70,9 +70,6 @@ class RREDCoTConfig:
         if not 0 <= self.lam <= 1 or not 0 <= self.omega <= 1:
             raise ValueError(f"lam={self.lam}, omega={self.omega}: both must be in [0, 1]")
 
-    def check(self, run) -> None:
-        if not any(t.name == "rredcot" for t in run.rollout.transforms):
-            raise ValueError("needs the 'rredcot' group transform in rollout.transforms (it estimates the values)")
 
 
 def boundaries(s: Sample, tokenizer, cfg: RREDValuesConfig) -> list[int]:
@@ -128,7 +125,7 @@ class RREDValues:
         return dict(self._m)
 
 
-@TRANSFORMS.register("rredcot", config=RREDValuesConfig, reports=True)
+@TRANSFORMS.register("rredcot", config=RREDValuesConfig, provides=("rred_values",), reports=True)
 def rred_values(cfg: RREDValuesConfig, env) -> RREDValues:
     return RREDValues(cfg)
 
@@ -147,7 +144,7 @@ def returns(d: list[float], lam: float) -> list[float]:
     return out
 
 
-@CREDIT.register("rredcot", config=RREDCoTConfig)
+@CREDIT.register("rredcot", config=RREDCoTConfig, requires=("rred_values",))
 def rredcot(batch: TokenBatch, cfg: RREDCoTConfig) -> TokenBatch:
     adv = batch.advantages.clone()  # [B, T]
     rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float64)

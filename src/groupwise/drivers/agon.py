@@ -107,7 +107,8 @@ class AgonConfig:
     REFUSES: ClassVar[dict[str, str]] = {
         "vllm": "two players would need two engines or per-request adapter switching; use rollout.generator: hf",
         "ray": "the challenger's builder reads the drafts in the training process; use rollout.workers: 0",
-        "torchrun": "the two players train in one process; launch it without torchrun / accelerate"}
+        "torchrun": "the two players train in one process; launch it without torchrun / accelerate",
+        "async": "the two players' steps interleave; use rollout.max_async_level: 0"}
     mode: Literal["competitive", "cooperative", "shared_opponent"] = "competitive"
     rotate_roles: bool = True
     """Alternate the roles every step (false: player A always drafts, B always challenges)."""
@@ -140,9 +141,6 @@ class AgonConfig:
         if self.players == "full" and cfg.model.lora is not None:
             raise ValueError("players=full trains two full copies, but model.lora is set; allowed: players: lora, "
                              "or drop model.lora")
-        if cfg.filter.name != "none":
-            raise ValueError(f"filter={cfg.filter.name}: each challenger group answers one drafter group, so "
-                             "groups cannot be dropped or refilled; allowed: none")
         if cfg.rollout.transforms:
             raise ValueError("rollout.transforms would rebuild the challenger's groups without the drafts; "
                              "allowed: []")
@@ -410,7 +408,8 @@ def _saved(players: list[Player], step: int) -> bool:
     return all((last := ckpt.latest(pl.root)) is not None and last.name == f"step_{step:07d}" for pl in players)
 
 
-@DRIVERS.register("agon", AgonConfig)
+# each challenger group answers one drafter group, so no filter may drop or refill groups
+@DRIVERS.register("agon", AgonConfig, conflicts=("drops_groups",))
 def agon(run: DriverRun, cfg: AgonConfig) -> dict[str, Any]:
     """Two competing players (module docstring); returns {"before", "after": cascade eval, "last": step metrics}."""
     acfg, cfg = cfg, run.cfg

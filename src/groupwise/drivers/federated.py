@@ -89,7 +89,8 @@ class FGRPOConfig:
     REFUSES: ClassVar[dict[str, str]] = {
         "vllm": "each client keeps an in-process HF policy that loads the global weights every round",
         "ray": "each client builds its own shards; backend=flower distributes the clients instead",
-        "torchrun": "the clients train in one process (or as Flower clients); launch it without torchrun"}
+        "torchrun": "the clients train in one process (or as Flower clients); launch it without torchrun",
+        "async": "clients run synchronous local steps; use rollout.max_async_level: 0"}
     clients: tuple[ClientConfig, ...] = (ClientConfig(),)
     local_steps: int = 10
     """E: local GRPO steps per client per round; ``trainer.steps`` must be a multiple of it."""

@@ -71,10 +71,6 @@ class DistILCostConfig:
         if self.chunk < 1:
             raise ValueError(f"chunk={self.chunk}: must be >= 1")
 
-    def check(self, run) -> None:
-        if run.teacher.name == "none":
-            raise ValueError("the 'distil' transform scores rollouts with the teacher, but teacher is 'none'")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DistILConfig:
@@ -90,11 +86,11 @@ class DistILConfig:
         if self.c_seq < 0 or self.beta_rl < 0 or self.horizon < 0:
             raise ValueError(f"c_seq={self.c_seq}, beta_rl={self.beta_rl}, horizon={self.horizon}: must be >= 0")
 
-    def check(self, run) -> None:
-        if self.c_seq > 0 and not any(t.name == "distil" for t in run.rollout.transforms):
-            raise ValueError("c_seq > 0 needs the 'distil' group transform in rollout.transforms (it computes ℓ_t)")
-        if (self.c_seq or self.beta_rl) and not any(t.name in ("ppo_clip", "paft") and t.weight for t in run.loss.terms):
-            raise ValueError("the sequence term is a policy gradient on token advantages: add ppo_clip to loss.terms")
+    def requires(self) -> tuple[str, ...]:
+        """c_seq > 0: the 'distil' transform's ℓ_t; a sequence or RL term: a policy-gradient loss on the token
+        advantages (ppo_clip)."""
+        return (("distil_costs",) if self.c_seq > 0 else ()) + (("policy_gradient",) if self.c_seq or self.beta_rl
+                                                                 else ())
 
 
 def local_ce(lp: Tensor, lq: Tensor) -> Tensor:
@@ -146,7 +142,7 @@ class DistILCost:
         return dict(self._m)
 
 
-@TRANSFORMS.register("distil", config=DistILCostConfig, reports=True)
+@TRANSFORMS.register("distil", config=DistILCostConfig, reports=True, provides=("distil_costs",), requires=("teacher",))
 def distil_cost(cfg: DistILCostConfig, env) -> DistILCost:
     return DistILCost(cfg)
 
@@ -180,7 +176,7 @@ def baselines(costs: list[Tensor], mode: str, horizon: int = 0) -> list[Tensor]:
     return out
 
 
-@CREDIT.register("distil", config=DistILConfig)
+@CREDIT.register("distil", config=DistILConfig, requires=DistILConfig.requires)
 def distil_credit(batch: TokenBatch, cfg: DistILConfig) -> TokenBatch:
     adv, m = batch.advantages * cfg.beta_rl, batch.completion_mask
     if cfg.c_seq > 0:

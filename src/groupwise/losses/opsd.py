@@ -43,7 +43,7 @@ class OPSDConfig:
     support: Literal["vocab", "topk", "sampled"] = "vocab"
     beta: float = 0.5
     """β of the mixture: 0 = forward KL(π_T‖π_S), 1 = reverse KL(π_S‖π_T); the OPSD scripts use 0.5."""
-    token_clip: float = 0.05
+    token_clip: float = dataclasses.field(default=0.05, metadata={"infinite": True})  # .inf: no clip
     """τ: each vocabulary entry's contribution is clipped from above at τ before the sum (.inf: off)."""
 
     def __post_init__(self) -> None:

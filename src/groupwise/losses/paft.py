@@ -22,13 +22,11 @@ from groupwise.types import LossInputs, LossTerms
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PAFTLossConfig:
-    def check(self, run) -> None:
-        if run.advantage.name != "paft":
-            raise ValueError(f"loss 'paft' fine-tunes on the 'paft' advantage's resampling weights, but "
-                             f"advantage is '{run.advantage.name}'; set advantage: paft")
+    """No knobs: it fine-tunes on the resampling weights of the ``paft`` advantage (``requires``)."""
 
 
-@LOSSES.register("paft", config=PAFTLossConfig, advantage_only=True)  # −A·log π: zero where A is 0
+@LOSSES.register("paft", config=PAFTLossConfig, advantage_only=True, provides=("paft_loss", "policy_gradient"),
+                 requires=("paft_weights",))  # −A·log π: zero where A is 0
 def paft(inp: LossInputs, cfg: PAFTLossConfig) -> LossTerms:
     per_token = -inp.advantages * inp.logprobs
     picked = inp.completion_mask & (inp.advantages > 0)

@@ -67,7 +67,7 @@ from groupwise.types import Group, Replayed
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HDRConfig(StoreConfig):
-    tau: float = 1e-3
+    tau: float = dataclasses.field(default=1e-3, metadata={"infinite": True})  # .inf: no gate
     """τ, the drift threshold: admit a stored group if D(g; θ_t) ≤ τ. Must be >= 0; ``.inf`` = no gate.
     The paper uses 1e-3 (single-turn math) and 1e-2 (agentic search). On the lab a pre-registered sweep over
     {1e-3, 1e-2, 1e-1} on a separate seed, scored by training diagnostics only, also picked 1e-3

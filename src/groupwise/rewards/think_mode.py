@@ -23,7 +23,6 @@ import dataclasses
 import math
 
 from groupwise.rewards import REWARDS
-from groupwise.rollout.think_modes import require_think_modes
 from groupwise.types import Group
 
 MODE_NAMES = ("NT", "SH", "LG")
@@ -59,11 +58,8 @@ class ThinkModeRewardConfig:
             if not 0 <= g <= 1:
                 raise ValueError(f"gamma_{m.lower()}={g}: allowed 0 (cap-anchored) or a discount in (0, 1]")
 
-    def check(self, run) -> None:
-        require_think_modes(run)
 
-
-@REWARDS.register("think_mode", config=ThinkModeRewardConfig)
+@REWARDS.register("think_mode", config=ThinkModeRewardConfig, requires=("think_modes",))
 def think_mode(cfg: ThinkModeRewardConfig, env):
     params = {f"<{m}>": (getattr(cfg, f"base_{m.lower()}"), getattr(cfg, f"gamma_{m.lower()}")) for m in MODE_NAMES}
 

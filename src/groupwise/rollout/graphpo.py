@@ -112,6 +112,10 @@ class GraphPOConfig:
         if not 0.0 < self.kappa <= 1.0 or self.hash_dim < 8:
             raise ValueError(f"kappa={self.kappa}, hash_dim={self.hash_dim}: kappa in (0, 1] and hash_dim >= 8")
 
+    def provides(self) -> tuple[str, ...]:
+        """``rollout_graph`` (each sample's path); with ``equivalence: embedding`` also ``endpoint_similarity``."""
+        return ("rollout_graph",) + (("endpoint_similarity",) if self.equivalence == "embedding" else ())
+
     def check(self, run) -> None:
         if self.budget_tokens and self.budget_tokens < run.rollout.max_completion_tokens:
             raise ValueError(f"budget_tokens={self.budget_tokens} is below rollout.max_completion_tokens="
@@ -415,7 +419,7 @@ def graph_record(g: Graph) -> dict:
             "key": [repr(n.key) if n.key is not None else None for n in g.nodes]}
 
 
-@BUILDERS.register("graphpo", config=GraphPOConfig, reports=True, driver_only=True)
+@BUILDERS.register("graphpo", config=GraphPOConfig, reports=True, driver_only=True, provides=GraphPOConfig.provides)
 def graphpo(cfg: GraphPOConfig, env) -> GraphPOBuilder:
     if cfg.equivalence == "exact" and not isinstance(env.task, StateOracle):
         raise ConfigError(f"rollout.builder.equivalence: 'exact' needs a task with canonical_state(problem, partial) "

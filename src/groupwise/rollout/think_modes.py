@@ -80,13 +80,6 @@ class ThinkModesConfig:
                              f"= {limit} (the mode token counts toward it)")
 
 
-def require_think_modes(run) -> None:
-    """For components that read the modes this builder records (``check(run)`` of their configs)."""
-    if run.rollout.builder.name != "think_modes":
-        raise ValueError(f"needs rollout.builder 'think_modes' (which records each sample's mode and cap), "
-                         f"got '{run.rollout.builder.name}'")
-
-
 class ThinkModes:
     def __init__(self, cfg: ThinkModesConfig):
         self.cfg = cfg
@@ -160,6 +153,6 @@ class ThinkModes:
         return out
 
 
-@BUILDERS.register("think_modes", config=ThinkModesConfig, reports=True)
+@BUILDERS.register("think_modes", config=ThinkModesConfig, reports=True, provides=("think_modes",))
 def think_modes(cfg: ThinkModesConfig, env) -> ThinkModes:
     return ThinkModes(cfg)

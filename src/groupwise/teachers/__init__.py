@@ -20,7 +20,7 @@ from groupwise.types import Problem, Sample, TeacherOutput
 class TeacherWant:
     """What the active loss terms need beyond the sampled tokens' log-probs."""
 
-    top_k: int = 0  # > 0: the teacher's top-k support and tail mass
+    topk: bool = False  # the teacher's top-k support (its own ``top_k``) and tail mass
     vocab: bool = False  # the full-vocabulary log-probs
 
 

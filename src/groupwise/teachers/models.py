@@ -150,14 +150,12 @@ class ModelTeacher:
         was = model.training
         model.eval()
         try:
-            fwd = completion_logprobs(model, packed, self.temperature, with_vocab=bool(want.top_k or want.vocab))
+            fwd = completion_logprobs(model, packed, self.temperature, with_vocab=want.topk or want.vocab)
         finally:
             model.train(was)
         out = TeacherOutput(fwd.logprobs)
-        if want.top_k:
-            if want.top_k > self.cfg.top_k:
-                raise ValueError(f"a loss term wants the teacher's top-{want.top_k}, teacher.top_k={self.cfg.top_k}")
-            out.topk_ids, out.topk_logprobs, out.tail_logprob = topk_support(fwd.vocab_logprobs, want.top_k)
+        if want.topk:  # its own k (``teacher_topk`` is provided only with top_k > 0)
+            out.topk_ids, out.topk_logprobs, out.tail_logprob = topk_support(fwd.vocab_logprobs, self.cfg.top_k)
         if want.vocab:
             out.vocab_logprobs = fwd.vocab_logprobs
         return out
@@ -197,24 +195,30 @@ def load_teacher_model(cfg: ModelTeacherConfig, env) -> torch.nn.Module:
     return model.eval().requires_grad_(False)
 
 
-@TEACHERS.register("privileged", config=PrivilegedConfig)
+def abilities(cfg: TeacherConfig) -> tuple[str, ...]:
+    """Every teacher scores samples (``teacher``); with ``top_k`` > 0 also its top-k support (``teacher_topk``). The
+    privileged teacher adds ``reads_live_policy``: it is the policy being trained, shown the reference."""
+    return ("teacher",) + (("teacher_topk",) if cfg.top_k else ())
+
+
+@TEACHERS.register("privileged", config=PrivilegedConfig, provides=lambda cfg: (*abilities(cfg), "reads_live_policy"))
 def privileged(cfg: PrivilegedConfig, env) -> ModelTeacher:
     policy = env.policy
     return ModelTeacher(cfg, lambda: policy, env)
 
 
-@TEACHERS.register("frozen", config=TeacherConfig)
+@TEACHERS.register("frozen", config=TeacherConfig, provides=abilities)
 def frozen(cfg: TeacherConfig, env) -> ModelTeacher:
     initial = env.initial_policy()
     return ModelTeacher(cfg, lambda: initial, env)
 
 
-@TEACHERS.register("ema", config=EMAConfig, stateful=True)
+@TEACHERS.register("ema", config=EMAConfig, stateful=True, provides=abilities)
 def ema(cfg: EMAConfig, env) -> EMATeacher:
     return EMATeacher(cfg, env)
 
 
-@TEACHERS.register("model", config=ModelTeacherConfig)
+@TEACHERS.register("model", config=ModelTeacherConfig, provides=abilities)
 def model(cfg: ModelTeacherConfig, env) -> ModelTeacher:
     weights = load_teacher_model(cfg, env)
     return ModelTeacher(cfg, lambda: weights, env)

@@ -106,7 +106,7 @@ def test_the_transform_marks_commitments_and_lifts_drift_traces(tokenizer, lab):
 
 
 def test_config():
-    with pytest.raises(ConfigError, match="needs the 'dash_drift' group transform"):
+    with pytest.raises(ConfigError, match=r"credit 'dash_drift' requires 'drift_marks'.*allowed: add group transform 'dash_drift'"):
         load(None, ["credit=[dash_drift]"])
     load(None, ["rollout.transforms=[dash_drift]", "credit=[dash_drift]"])
     with pytest.raises(ValueError, match="w_max=0.5"):

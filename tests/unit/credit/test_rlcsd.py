@@ -151,7 +151,7 @@ def test_one_sided_contrasts_the_hint_with_the_plain_prompt(tokenizer, lab, tiny
 
 
 def test_config():
-    with pytest.raises(ConfigError, match="needs the 'rlcsd' group transform"):
+    with pytest.raises(ConfigError, match=r"credit 'rlcsd' requires 'rlcsd_contrast'.*allowed: add group transform 'rlcsd'"):
         load(None, ["credit=[rlcsd]"])
     with pytest.raises(ConfigError, match="token_mean"):
         load(None, ["rollout.transforms=[rlcsd]", "credit=[rlcsd]", "loss.reduction=seq_mean_token_mean"])

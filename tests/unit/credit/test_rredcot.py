@@ -111,7 +111,7 @@ def test_boundaries_merge_short_segments_and_end_at_thinking(tokenizer):
 
 
 def test_config():
-    with pytest.raises(ConfigError, match="needs the 'rredcot' group transform"):
+    with pytest.raises(ConfigError, match=r"credit 'rredcot' requires 'rred_values'.*allowed: add group transform 'rredcot'"):
         load(None, ["credit=[rredcot]"])
     load(None, ["rollout.transforms=[rredcot]", "credit=[rredcot]"])
     with pytest.raises(ValueError, match="lam=2"):

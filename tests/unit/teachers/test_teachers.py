@@ -56,7 +56,7 @@ def test_privileged_context_alignment_when_context_lengths_differ(tiny_model, to
     assert samples[0].prompt_ids.numel() < samples[1].prompt_ids.numel()
     cfg = PrivilegedConfig(context="{prompt}\n<ref>{reference}</ref>", top_k=3)
     teacher = TEACHERS.get("privileged").build(cfg, env_for(tiny_model, tokenizer))
-    out = teacher.score(samples, problems, TeacherWant(top_k=3, vocab=True))
+    out = teacher.score(samples, problems, TeacherWant(topk=True, vocab=True))
     ctx = [encode(privileged_problem(p, cfg.context), tokenizer) for p in problems]
     assert ctx[0].numel() > ctx[1].numel()  # the teacher's order is reversed
     for i, s in enumerate(samples):
@@ -196,7 +196,9 @@ def test_teacher_outputs_are_reused_across_ppo_epochs(tiny_model, tokenizer):
 
 
 def test_config_errors_name_what_is_wrong():
-    with pytest.raises(ConfigError, match=r"loss.terms.1: 'teacher_kl' needs a teacher; set teacher: privileged"):
+    with pytest.raises(ConfigError, match=r"loss.terms.1: loss 'teacher_kl' requires 'teacher', which no selected "
+                                          r"component provides; allowed: add teacher 'ema' or teacher 'frozen' or "
+                                          r"teacher 'model' or teacher 'privileged'$"):
         load(None, ["loss.terms=[ppo_clip, teacher_kl]"])
     load(None, ["loss.terms=[ppo_clip, {name: teacher_kl, weight: 0}]"])  # inactive: no teacher needed
     with pytest.raises(ConfigError, match=r"unknown field \{solution\}; allowed: \{prompt\}, \{reference\}"):
