@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from groupwise.config import load
+from groupwise.loop.setup import loss_terms, reward_terms
 from groupwise.registry import BuildEnv
-from groupwise.rewards.stage import RewardStage, bind_terms
+from groupwise.rewards.stage import RewardStage
 from groupwise.types import Problem, Sample, TokenBatch
 from groupwise.update import Learner
 
@@ -19,11 +20,13 @@ def env(task=None, policy=None, tokenizer=None, overrides=(), seed=0) -> BuildEn
 
 def reward_stage(task, overrides=(), timeout_s=1.0, base=None) -> RewardStage:
     cfg = load(None, list(overrides), base=base)
-    return RewardStage(task, bind_terms(cfg.reward.terms, env(task, overrides=overrides)), timeout_s)
+    return RewardStage(task, reward_terms(cfg.reward.terms, env(task, overrides=overrides)), timeout_s)
 
 
 def learner(model, tokenizer, overrides=(), ref=None, teacher=None) -> Learner:
-    return Learner.from_config(model, load(None, [*UPDATE, *overrides]), tokenizer.pad_token_id, ref, teacher)
+    cfg = load(None, [*UPDATE, *overrides])
+    terms = loss_terms(cfg.loss.terms, env(overrides=[*UPDATE, *overrides]))
+    return Learner.from_config(model, cfg, tokenizer.pad_token_id, terms, ref, teacher)
 
 
 def rows(samples: list[Sample], advantages: list[torch.Tensor], problems: list[Problem] | None = None,

@@ -37,9 +37,15 @@ def registry(kind: str) -> Registry[Any]:
     return KINDS[kind]
 
 
+def entry(spec: Any) -> Any:
+    """A config ``Spec``'s registry entry (its member, config class and declared abilities)."""
+    return registry(spec.kind).get(spec.name)
+
+
 def build(spec: Any, env: Any = None) -> Any:
-    """A config ``Spec`` -> the bound component (``Entry.build``), the one way every component is made."""
-    return registry(spec.kind).get(spec.name).build(spec.cfg, env)
+    """A config ``Spec`` -> the bound component: its entry's ``Entry.build``, the one way every component of every
+    kind is made (``loop/setup.py`` builds a run's; this is for one component on its own, e.g. a task)."""
+    return entry(spec).build(spec.cfg, env)
 
 
 WORKER_KINDS = ("generator", "group builder", "reward")

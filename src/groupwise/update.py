@@ -191,13 +191,14 @@ class Learner:
         self.last_old: dict[int, Tensor | None] = {}  # the last step's π_old per row (``old_logprobs``)
 
     @staticmethod
-    def from_config(policy: torch.nn.Module, cfg: RunConfig, pad_id: int, ref: torch.nn.Module | None = None,
-                    teacher: Any = None) -> Learner:
-        """A learner for ``cfg``'s loss terms, optimizer and rollout settings."""
+    def from_config(policy: torch.nn.Module, cfg: RunConfig, pad_id: int, terms: list[BoundLoss],
+                    ref: torch.nn.Module | None = None, teacher: Any = None) -> Learner:
+        """A learner for the built loss ``terms`` (``setup.loss_terms``) with ``cfg``'s optimizer and rollout
+        settings."""
         optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.trainer.steps)
         settings = UpdateSettings(cfg.loss.reduction, cfg.optim, cfg.rollout.temperature,
                                   cfg.rollout.max_completion_tokens, pad_id, cfg.loss.importance_sampling)
-        return Learner(policy, optimizer, scheduler, bind_losses(cfg), settings, ref, teacher)
+        return Learner(policy, optimizer, scheduler, terms, settings, ref, teacher)
 
     def active_rows(self, batch: TokenBatch) -> list[int]:
         """Rows that can carry loss (see the module docstring)."""
@@ -379,16 +380,6 @@ class Learner:
         if k not in cache:
             cache[k] = self.teacher.score(rows, problems, self.want)
         return cache[k]
-
-
-def bind_losses(cfg: RunConfig) -> list[BoundLoss]:
-    from groupwise.catalog import registry
-
-    out = []
-    for spec in cfg.loss.terms:
-        entry = registry("loss").get(spec.name)
-        out.append(BoundLoss(spec.name, spec.weight, entry.build(spec.cfg), entry, entry.needs_of(spec.cfg)))
-    return out
 
 
 def build_optimizer(policy: torch.nn.Module, cfg: OptimConfig, total_steps: int):

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from groupwise.config import load
+from groupwise.loop.setup import reward_terms
 from groupwise.registry import BuildEnv
-from groupwise.rewards.stage import RewardStage, bind_terms
+from groupwise.rewards.stage import RewardStage
 from groupwise.tasks.jsonl import JsonlConfig, JsonlTask
 from groupwise.types import Group, Sample
 
@@ -31,7 +32,7 @@ def test_trl_accuracy_reward_runs_unchanged_with_its_dataset_columns():
     task = JsonlTask(cfg)
     problem = next(p for p in [*task.train, *task.test] if p.id == "gsm-1")  # gold 12; its `solution` column ends in #### 12
     run = load(None, ["reward.terms=[{name: python, function: 'trl.rewards:accuracy_reward'}]"])
-    stage = RewardStage(task, bind_terms(run.reward.terms, BuildEnv(run=run, task=task)), 5.0)
+    stage = RewardStage(task, reward_terms(run.reward.terms, BuildEnv(run=run, task=task)), 5.0)
     z = torch.zeros(1, dtype=torch.long)
     group = Group(problem, [Sample(prompt_ids=z, completion_ids=z, rollout_logprobs=torch.zeros(1),
                                    loss_mask=torch.ones(1, dtype=torch.bool), finish_reason="stop", text=t)

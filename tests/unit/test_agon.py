@@ -15,8 +15,9 @@ from groupwise.catalog import support
 from groupwise.config import load
 from groupwise.drivers import DRIVERS
 from groupwise.drivers import agon as ag
+from groupwise.loop.setup import reward_terms
 from groupwise.registry import BuildEnv, ConfigError
-from groupwise.rewards.stage import RewardStage, bind_terms
+from groupwise.rewards.stage import RewardStage
 from groupwise.tasks.lab import Lab, LabConfig
 from groupwise.types import Group, Problem, Sample
 
@@ -38,7 +39,7 @@ def lab_stage() -> RewardStage:
     """The recipe's reward stage (correctness 2, format 0.5) on the lab."""
     lab = Lab(LabConfig(ops="+", min_steps=3, max_steps=3))
     cfg = load(RECIPE)
-    return RewardStage(lab, bind_terms(cfg.reward.terms, BuildEnv(run=cfg, task=lab)), 5.0)
+    return RewardStage(lab, reward_terms(cfg.reward.terms, BuildEnv(run=cfg, task=lab)), 5.0)
 
 
 def grading(verdicts: dict, weight: float = 1.0):

@@ -1,7 +1,8 @@
 """Build every component of a run from its config, once: the typed ``Pipeline`` every driver runs.
 
-``build(cfg)`` resolves each ``Spec`` through the catalogue (``catalog.build``) into a bound object, one field
-per stage, each typed by its stage's Protocol; nothing on the hot path looks a name up again. Declared
+``build(cfg)`` resolves each ``Spec`` into a bound object with ``bind`` (its registry entry's ``Entry.build``: the one
+way any component of any kind is made, loss and reward terms included), one field per stage, each typed by its
+stage's Protocol; nothing on the hot path looks a name up again. Declared
 abilities (``Entry.stateful`` / ``Entry.reports``) decide which parts are checkpointed and which report
 metrics. Build order: the task, the model (and, when a checkpoint is given, its weights; the initial
 weights stay available as ``env.initial_policy()`` for the KL reference and a frozen teacher), then the rest.
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from groupwise import catalog
-from groupwise.config import RunConfig, loss_needs
+from groupwise.config import RunConfig, Spec, loss_needs
 from groupwise.eval.evaluate import forced_prefix_ids
 from groupwise.loop import workers
 from groupwise.loop.pipeline import CountingGenerator, CountingTeacher, Part, Pipeline, encode
@@ -27,10 +28,10 @@ from groupwise.models import fsdp, lora
 from groupwise.models.load import load_model, load_pretrained
 from groupwise.parallel import data_parallel
 from groupwise.registry import BuildEnv, ConfigError
-from groupwise.rewards.stage import RewardStage, bind_terms
+from groupwise.rewards.stage import BoundTerm, RewardStage
 from groupwise.rollout.sync_check import SyncCheck, tolerance
 from groupwise.tasks.base import Task
-from groupwise.update import Learner
+from groupwise.update import BoundLoss, Learner
 
 
 def check_chat_template(cfg: RunConfig, task: Task, tokenizer, say: bool = True) -> None:
@@ -74,7 +75,7 @@ def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress,
 def _generator(cfg: RunConfig, env: BuildEnv, policy: torch.nn.Module, tokenizer) -> CountingGenerator:
     """The run's generator, counted and its weight syncs checked; with ``rollout.tools``, inside the multi-turn
     tool loop (``rollout/tools.py``; the sync probe goes to the engine inside it)."""
-    engine = catalog.build(cfg.rollout.generator, env)
+    engine = bind("generator", cfg.rollout.generator, env).obj
     generator = engine
     if cfg.rollout.tools is not None:
         from groupwise.rollout import tools
@@ -88,10 +89,34 @@ def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
     """The run's weight-sync check (``rollout.sync_check``); none with ``none`` or when the generator's log-probs are
     scripted (``logprobs=False``: nothing to compare). The probe prompt is the task's first training problem."""
     r = cfg.rollout
-    if r.sync_check == "none" or not catalog.registry(r.generator.kind).get(r.generator.name).logprobs:
+    if r.sync_check == "none" or not catalog.entry(r.generator).logprobs:
         return None
     return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, cfg.model.dtype),
                      encode(task.train[0], tokenizer, cfg.model.chat_template), tokenizer.pad_token_id)
+
+
+def bind(key: str, spec: Spec, env: BuildEnv) -> Part:
+    """The one way a config ``Spec`` becomes a component: its registry entry builds it (``Entry.build``: a
+    factory's ``factory(cfg, env)``, a function's config bound), kept with its entry (declared abilities) and the
+    key a checkpoint stores its state under."""
+    entry = catalog.entry(spec)
+    return Part(key, entry.build(spec.cfg, env), entry)
+
+
+def reward_terms(specs: tuple[Spec, ...], env: BuildEnv, parts: list[Part] | None = None) -> list[BoundTerm]:
+    """The ``reward.terms``, built, each with its weight and metric label (added to ``parts``)."""
+    bound = [bind(f"reward{i}/{s.name}", s, env) for i, s in enumerate(specs)]
+    if parts is not None:
+        parts += bound
+    return [BoundTerm(p.entry.metric_name(s.cfg), s.weight, p.obj, p.entry) for p, s in zip(bound, specs)]
+
+
+def loss_terms(specs: tuple[Spec, ...], env: BuildEnv, parts: list[Part] | None = None) -> list[BoundLoss]:
+    """The ``loss.terms``, built, each with its weight and what it reads (its entry's ``needs`` for its config)."""
+    bound = [bind(f"loss{i}/{s.name}", s, env) for i, s in enumerate(specs)]
+    if parts is not None:
+        parts += bound
+    return [BoundLoss(s.name, s.weight, p.obj, p.entry, p.entry.needs_of(s.cfg)) for p, s in zip(bound, specs)]
 
 
 def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True,
@@ -101,7 +126,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     ``train=False`` (``groupwise eval``): the model's memory check counts its weights only."""
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    task = bind("task", cfg.task, BuildEnv(run=cfg, seed=cfg.seed)).obj
     policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress, train)
     check_chat_template(cfg, task, tokenizer, say=io and not worker)
     e = cfg.eval  # a bad eval.forced_prefix fails here, not at the first eval
@@ -110,16 +135,13 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
                    encode=lambda p: encode(p, tokenizer, cfg.model.chat_template))
     parts: list[Part] = []
 
-    def make(key: str, spec) -> Any:
-        entry = catalog.registry(spec.kind).get(spec.name)
-        obj = entry.build(spec.cfg, env)
-        parts.append(Part(key, obj, entry))
-        return obj
+    def make(key: str, spec: Spec) -> Any:
+        parts.append(bind(key, spec, env))
+        return parts[-1].obj
 
     selector, builder = make("selector", cfg.select), make("builder", cfg.rollout.builder)
     transforms = [make(f"transform{i}", t) for i, t in enumerate(cfg.rollout.transforms)]
-    terms = bind_terms(cfg.reward.terms, env)
-    parts += [Part(f"reward{i}/{t.entry.name}", t.term, t.entry) for i, t in enumerate(terms)]
+    terms = reward_terms(cfg.reward.terms, env, parts)
     filter_, buffer = make("filter", cfg.filter), make("buffer", cfg.replay)
     needs = loss_needs(cfg) if not worker else set()  # a worker only builds and scores rollouts
     # like the reference model, a teacher exists only when an active loss term reads it
@@ -128,7 +150,8 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     ref = initial() if "ref" in needs else None  # made before sharding: a full replica (models/fsdp.py)
     if cfg.trainer.data_parallel == "fsdp" and data_parallel()[1] > 1 and not worker:
         fsdp.shard(policy)  # in place: every component built above holds the sharded policy
-    learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, ref, counted)
+    learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, loss_terms(cfg.loss.terms, env, parts), ref,
+                                  counted)
     resume_step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else None
     rc = cfg.reward
     reward = RewardStage(task, terms, rc.verifier_timeout_s, rc.term_timeout_s, rc.verifier_isolation,
@@ -137,14 +160,15 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
         generator=_generator(cfg, env, policy, tokenizer), builder=builder,
         transforms=transforms, reward=reward, filter=filter_,
-        advantage=catalog.build(cfg.advantage), advantage_transforms=[catalog.build(t) for t in cfg.advantage_transforms],
-        replay=buffer, credit=[catalog.build(c) for c in cfg.credit], teacher=counted, learner=learner,
+        advantage=make("advantage", cfg.advantage),
+        advantage_transforms=[make(f"advantage_transform{i}", t) for i, t in enumerate(cfg.advantage_transforms)],
+        replay=buffer, credit=[make(f"credit{i}", c) for i, c in enumerate(cfg.credit)], teacher=counted, learner=learner,
         parts=parts, recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer,
                                        task, resume_step, teacher))
     # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);
     # its sampler-trainer gap: the update's π_old, when the generator's log-probs are its sampling distribution's
     pipe.recorder.policy_logprobs = pipe.policy_logprobs
-    if catalog.registry(cfg.rollout.generator.kind).get(cfg.rollout.generator.name).logprobs:
+    if catalog.entry(cfg.rollout.generator).logprobs:
         pipe.recorder.trainer_logprobs = learner.old_logprobs
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe, build)
     if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (loop/lag.py)

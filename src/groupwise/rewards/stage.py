@@ -63,17 +63,6 @@ class BoundTerm:
     entry: Entry | None = None
 
 
-def bind_terms(specs: Any, env: Any) -> list[BoundTerm]:
-    """Build the configured reward terms (``reward.terms`` specs) with their labels and entries."""
-    from groupwise.catalog import registry
-
-    out = []
-    for spec in specs:
-        entry = registry("reward").get(spec.name)
-        out.append(BoundTerm(entry.metric_name(spec.cfg), spec.weight, entry.build(spec.cfg, env), entry))
-    return out
-
-
 class RewardStage:
     def __init__(self, task, terms: list[BoundTerm], timeout_s: float, term_timeout_s: float = 300.0,
                  isolation: str = "alarm", fail_fast: bool = True):
