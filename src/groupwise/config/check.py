@@ -1,0 +1,152 @@
+"""Validation across sections, after every section parsed on its own: each component config's ``check(run)``,
+declared abilities (what a selected component requires another to provide), and what the engines and drivers
+refuse. Every error is one line naming the key and what is allowed."""
+
+from __future__ import annotations
+
+from groupwise.config.parse import Spec, registry
+from groupwise.config.schema import RunConfig
+from groupwise.registry import ConfigError
+
+
+def loss_needs(cfg: RunConfig) -> set[str]:
+    """What the loss terms with non-zero weight read beyond the policy's log-probs (``registry.NEEDS``)."""
+    return {n for t in cfg.loss.terms if t.weight != 0 for n in registry("loss").get(t.name).needs_of(t.cfg)}
+
+
+def check(cfg: RunConfig) -> None:
+    """Cross-section rules: each component's ``check(run)``, and what active loss terms need."""
+    for spec in cfg.specs():
+        check = getattr(spec.cfg, "check", None)
+        if check is not None:
+            try:
+                check(cfg)
+            except ValueError as e:
+                raise ConfigError(f"{spec.kind} '{spec.name}': {e}") from None
+    _check_abilities(cfg)
+    _check_importance_sampling(cfg)
+    if cfg.rollout.max_async_level:
+        _check_async(cfg)
+    from groupwise.catalog import refusal
+
+    generator = registry("generator").get(cfg.rollout.generator.name)
+    for engine, on in (("vllm", "vllm_engine" in generator.abilities("provides", cfg.rollout.generator.cfg)),
+                       ("ray", cfg.rollout.workers > 0), ("async", cfg.rollout.max_async_level > 0)):
+        why = refusal(cfg, engine) if on else ""
+        if why:
+            raise ConfigError(f"driver: {why}")
+    if cfg.rollout.workers:
+        _check_workers(cfg)
+    if cfg.trainer.data_parallel == "fsdp":
+        for key, on in (("model.lora", cfg.model.lora is not None), ("rollout.workers", cfg.rollout.workers > 0)):
+            if on:
+                raise ConfigError(f"trainer.data_parallel=fsdp: {key} under FSDP is not built; use "
+                                  "trainer.data_parallel=replicate with it")
+
+
+def slots(cfg: RunConfig) -> list[tuple[str, Spec]]:
+    """Every selected component with its key, in pipeline order; a term with weight 0 is computed and logged
+    but gives nothing to the others, so it is left out."""
+    r = cfg.rollout
+    out = [("task", cfg.task), ("select", cfg.select), ("rollout.generator", r.generator),
+           ("rollout.builder", r.builder), *((f"rollout.transforms.{i}", t) for i, t in enumerate(r.transforms)),
+           *((f"reward.terms.{i}", t) for i, t in enumerate(cfg.reward.terms)), ("filter", cfg.filter),
+           ("replay", cfg.replay), ("advantage", cfg.advantage),
+           *((f"advantage_transforms.{i}", t) for i, t in enumerate(cfg.advantage_transforms)),
+           *((f"credit.{i}", t) for i, t in enumerate(cfg.credit)), ("teacher", cfg.teacher),
+           *((f"loss.terms.{i}", t) for i, t in enumerate(cfg.loss.terms)), ("driver", cfg.driver)]
+    return [(k, s) for k, s in out if s.weight != 0]
+
+
+def _check_abilities(cfg: RunConfig) -> None:
+    """Every ability a selected component requires (``Entry.requires``; a loss term's teacher ``needs`` require a
+    teacher) is provided by another selected one, and none provides what another ``conflicts`` with."""
+    chosen = [(key, spec, registry(spec.kind).get(spec.name)) for key, spec in slots(cfg)]
+    given = {a: (key, spec) for key, spec, e in chosen for a in e.abilities("provides", spec.cfg)}
+    for key, spec, entry in chosen:
+        needs = entry.needs_of(spec.cfg) if spec.kind == "loss" else ()
+        wants = (*entry.abilities("requires", spec.cfg), *(n for n in ("teacher", "teacher_topk") if n in needs),
+                 *(("teacher",) if "teacher_vocab" in needs else ()))
+        for ability in dict.fromkeys(wants):
+            if ability not in given:
+                raise ConfigError(f"{key}: {spec.kind} '{spec.name}' requires {ability!r}, which no selected "
+                                  f"component provides; allowed: add {' or '.join(providers(ability))}")
+        for ability in entry.abilities("conflicts", spec.cfg):
+            other = [(k, s) for k, s, e in chosen if s is not spec and ability in e.abilities("provides", s.cfg)]
+            if other:
+                raise ConfigError(f"{key}: {spec.kind} '{spec.name}' cannot run with {other[0][1].kind} "
+                                  f"'{other[0][1].name}' ({other[0][0]}): both {ability!r}; allowed: one of them")
+
+
+def providers(ability: str) -> list[str]:
+    """Who could provide ``ability``, for an error message: ``kind 'name'``, and when that depends on its knobs,
+    the first line of its ``provides`` docstring (which says how)."""
+    from groupwise.catalog import KINDS
+
+    out = []
+    for reg in KINDS.values():
+        for e in reg.entries():
+            if not callable(e.provides):
+                out += [f"{e.kind} '{e.name}'"] if ability in e.provides else []
+                continue
+            try:
+                default = e.abilities("provides", e.config())
+            except Exception:  # a config class without defaults for every field: named if its doc names it
+                default = (ability,) if ability in (e.provides.__doc__ or "") else ()
+            doc = (e.provides.__doc__ or "").strip().splitlines()
+            if ability in default:
+                out.append(f"{e.kind} '{e.name}'")
+            elif doc and ability in e.provides.__doc__:
+                out.append(f"{e.kind} '{e.name}' ({doc[0].strip().rstrip('.')})")
+    return out or ["a component that provides it (none is registered)"]
+
+
+def _check_importance_sampling(cfg: RunConfig) -> None:
+    """An importance-sampling mode needs a generator whose completions carry its own sampling log-probs."""
+    mode, gen = cfg.loss.importance_sampling.mode, cfg.rollout.generator.name
+    if mode != "none" and not registry("generator").get(gen).logprobs:
+        with_logprobs = [n for n in registry("generator").names() if registry("generator").get(n).logprobs]
+        raise ConfigError(f"loss.importance_sampling.mode={mode}: generator '{gen}' returns no sampling "
+                          "log-probs; allowed: mode none, or a generator that does "
+                          f"({', '.join(with_logprobs)})")
+
+
+def _check_workers(cfg: RunConfig) -> None:
+    """``rollout.workers`` needs ray, and every component that runs in a worker (generator, builder, reward
+    terms) must keep no state there: a ``stateful``, ``reports`` or ``driver_only`` member is refused."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"rollout.workers={cfg.rollout.workers} needs ray, which is not installed: "
+                          "pip install 'groupwise[ray]'") from None
+    slots = [("rollout.generator", cfg.rollout.generator), ("rollout.builder", cfg.rollout.builder),
+             *((f"reward.terms.{i}", t) for i, t in enumerate(cfg.reward.terms))]
+    from groupwise.catalog import worker_refusal
+
+    for where, spec in slots:
+        why = worker_refusal(registry(spec.kind).get(spec.name))
+        if why:
+            raise ConfigError(f"{where}: {spec.kind} '{spec.name}' {why}, which would live in a Ray worker; "
+                              "allowed with rollout.workers: 0 (its shards then run in this process)")
+
+
+def _check_async(cfg: RunConfig) -> None:
+    """``rollout.max_async_level`` > 0 runs the rollout stage on a weight snapshot while a background thread
+    updates the policy: the generator must be rebuildable on a snapshot, and nothing in the rollout stage may
+    read the weights being updated (``loop/lag.py``)."""
+    k, gen = cfg.rollout.max_async_level, cfg.rollout.generator.name
+    entry = registry("generator").get(gen)
+    if not entry.snapshot:
+        ok = [n for n in registry("generator").names() if registry("generator").get(n).snapshot]
+        raise ConfigError(f"rollout.max_async_level={k}: generator '{gen}' cannot sample from a weight snapshot; "
+                          f"allowed: rollout.max_async_level=0, or generator {' | '.join(ok)}")
+    for key, on, why in (
+            ("rollout.workers", cfg.rollout.workers > 0, "Ray workers hold the current weights, not a snapshot"),
+            ("trainer.data_parallel", cfg.trainer.data_parallel == "fsdp", "FSDP gathers weights collectively"),
+            ("teacher", "reads_live_policy" in registry("teacher").get(cfg.teacher.name).abilities(
+                "provides", cfg.teacher.cfg), f"teacher '{cfg.teacher.name}' reads the weights being updated")):
+        if on:
+            raise ConfigError(f"rollout.max_async_level={k}: not built with {key} here ({why}); allowed: "
+                              f"rollout.max_async_level=0 with it")
+
+
