@@ -3,6 +3,8 @@ import os
 import pytest
 import torch
 
+pytest_plugins = ["member_calls"]  # which registered members each test calls (tests/test_registry_complete.py)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)  # deterministic and fast on the 2-core CI machine
 

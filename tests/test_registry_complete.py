@@ -1,19 +1,24 @@
 """Every built-in component: registered in its kind's form, satisfies its kind's Protocol once built, declares
-exactly the abilities it has, has a unit test that names it, and is selected by at least one recipe (which
-the smoke suite runs)."""
+exactly the abilities it has, is called by a unit test (the call log of ``tests/member_calls.py``, not a text
+match), and is selected by at least one recipe (which the smoke suite runs)."""
 
-import re
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import member_calls
 import pytest
+import torch
 
 from groupwise.catalog import KINDS
 from groupwise.config import load
 from groupwise.loop.setup import build
+from groupwise.types import ScoredBatch
 
 ROOT = Path(__file__).parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-TESTS = "\n".join(p.read_text() for p in sorted((ROOT / "tests" / "unit").rglob("test_*.py")))
 BUILTIN = [(kind, e) for kind, reg in KINDS.items() for e in reg.entries() if e.origin.startswith("groupwise.")]
 CHEAP = ["model.warm_start=false", "trainer.threads=1"]  # building needs no trained weights
 CHEAP_LORA = ["model.warm_start_steps=1", "trainer.threads=1"]  # an adapter needs saved base weights to name
@@ -31,11 +36,46 @@ SELECTED = selected()
 
 
 @pytest.mark.parametrize("kind,entry", BUILTIN, ids=lambda x: x if isinstance(x, str) else x.name)
-def test_has_a_recipe_and_a_test(kind, entry):
+def test_has_a_recipe(kind, entry):
     assert entry.name in SELECTED.get(kind, set()), f"{kind} '{entry.name}': no recipe selects it"
-    fn = getattr(entry.obj, "__name__", "")
-    named = re.search(rf"""["'=\s]{re.escape(entry.name)}["',}}\]\s]""", TESTS) or re.search(rf"\b{fn}\(", TESTS)
-    assert named, f"{kind} '{entry.name}': no unit test names it (tests/unit)"
+
+
+def unit_calls(session) -> dict[tuple[str, str], set[str]]:
+    """Which unit test files called each member: this session's log when it ran every unit test file before
+    this test (``member_calls`` runs it last), else a run of tests/unit in a subprocess that writes its log."""
+    unit = {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "unit").rglob("test_*.py")}
+    ran = {i.nodeid.split("::", 1)[0] for i in session.items}
+    if unit <= ran and not session.config.option.keyword:
+        return member_calls.CALLS
+    log = ROOT / "tests" / ".member_calls.json"
+    env = {**os.environ, "GROUPWISE_MEMBER_LOG": str(log)}
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "tests/unit"], cwd=ROOT, env=env, check=True,
+                   capture_output=True)
+    calls = {tuple(k.split("\t")): set(v) for k, v in json.loads(log.read_text()).items()}
+    log.unlink()
+    return calls
+
+
+def test_every_member_is_called_by_a_unit_test(request):
+    calls = unit_calls(request.session)
+    missing = [f"{kind} '{e.name}'" for kind, e in BUILTIN
+               if not any(f.startswith("tests/unit/") for f in calls.get((kind, e.name), ()))]
+    assert not missing, f"no unit test calls them (tests/unit): {missing}"
+
+
+def test_the_call_log_sees_a_call_and_only_a_call():
+    from groupwise.advantages import ADVANTAGES
+
+    key, before = ("advantage", "rloo"), set(member_calls.CALLS.get(("advantage", "rloo"), ()))
+    member_calls.CALLS.pop(key, None)
+    ADVANTAGES.get("rloo")  # looked up and named: not a call
+    assert key not in member_calls.CALLS
+    fn = ADVANTAGES.get("rloo").build(ADVANTAGES.get("rloo").config())
+    assert key not in member_calls.CALLS  # built but not called
+    r = torch.tensor([[1.0, 0.0, 1.0]])
+    fn(ScoredBatch([], r, r.bool(), torch.zeros_like(r), torch.ones_like(r, dtype=torch.bool)))
+    assert member_calls.CALLS[key] == {"tests/test_registry_complete.py"}
+    member_calls.CALLS[key] = before | member_calls.CALLS[key]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)

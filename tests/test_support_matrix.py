@@ -1,6 +1,7 @@
-"""The support matrix in docs/methods.md is the registry's: every built-in member has a row saying what
-``catalog.support`` says, every "no" is a one-line error at load, and every member that runs with vLLM is trained
-through the vLLM generator by the vLLM lane (tests/vllm_lane/test_vllm_methods.py), so none is silently unsupported."""
+"""The support matrix is the registry's (``groupwise list --support``, ``catalog.support_table``): every member has
+a row there, the copy in docs/methods.md says what the registry says for each row it has (a new member needs no
+edit there), every "no" is a one-line error at load, and every member that runs with vLLM is trained through the
+vLLM generator by the vLLM lane (tests/vllm_lane/test_vllm_methods.py), so none is silently unsupported."""
 
 import re
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 from support import vllm_lane_recipes
 
 from groupwise.catalog import KINDS, refusal, support
+from groupwise.cli import main
 from groupwise.config import load
 from groupwise.registry import ConfigError
 
@@ -27,11 +29,16 @@ def matrix() -> dict[tuple[str, str], dict[str, str]]:
     return rows
 
 
-def test_every_member_has_its_row():
-    rows = matrix()
-    assert set(rows) == {(e.kind, e.name) for e in BUILTIN}
+def test_every_member_has_its_row_and_the_docs_copy_agrees(capsys):
+    assert main(["list", "--support"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 2 + sum(len(reg.names()) for reg in KINDS.values())
     for e in BUILTIN:
-        assert rows[(e.kind, e.name)] == support(e), f"{e.kind} '{e.name}'"
+        assert f"| {e.kind} | `{e.name}` | {support(e)['vllm']} | {support(e)['ray']} |" in printed
+    rows = matrix()
+    assert len(rows) > 40 and set(rows) <= {(e.kind, e.name) for e in BUILTIN}
+    for e in BUILTIN:
+        assert rows.get((e.kind, e.name), support(e)) == support(e), f"{e.kind} '{e.name}'"
 
 
 def test_every_refusal_is_a_load_time_error():

@@ -78,6 +78,17 @@ def support(entry: Any) -> dict[str, str]:
     return {"vllm": vllm, "ray": ray}
 
 
+def support_table() -> list[str]:
+    """The support matrix as markdown rows (``groupwise list --support``; docs/methods.md shows a copy), one row
+    per registered member, plug-ins included, from ``support``: generated, never hand-kept."""
+    out = ["| kind | member | vLLM generator | Ray workers |", "|---|---|---|---|"]
+    for kind in KINDS:
+        for e in registry(kind).entries():
+            row = support(e)
+            out.append(f"| {kind} | `{e.name}` | {row['vllm']} | {row['ray']} |")
+    return out
+
+
 def refusal(cfg: Any, engine: str) -> str:
     """The one-line load error for a driver that refuses ``engine`` (``vllm`` / ``ray`` / ``torchrun`` / ``async``),
     or ""."""

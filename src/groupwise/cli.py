@@ -196,6 +196,11 @@ def _list(args) -> int:
 
     for ref in args.plugin:
         plugins.import_ref(ref)
+    if args.support:
+        from groupwise.catalog import support_table
+
+        print("\n".join(support_table()))
+        return 0
     for kind in KINDS:
         if args.kind and args.kind not in kind:
             continue
@@ -260,6 +265,7 @@ def parser() -> argparse.ArgumentParser:
     li = sub.add_parser("list", help="registered components (plugins marked with their module)")
     li.add_argument("kind", nargs="?", default="")
     li.add_argument("--plugin", action="append", default=[], help="a plugin file or module to import first")
+    li.add_argument("--support", action="store_true", help="the support matrix (vLLM generator, Ray workers), markdown")
     li.set_defaults(fn=_list)
     cf = sub.add_parser("config", help="print the resolved config of a recipe + overrides")
     cf.add_argument("recipe")

@@ -1,7 +1,8 @@
 import torch
 
-from groupwise.filter import ZeroVarianceConfig, has_variance, zero_variance
-from groupwise.filter import none as no_filter
+from groupwise.filter import has_variance
+from groupwise.filter.basic import ZeroVarianceConfig, zero_variance
+from groupwise.filter.basic import none as no_filter
 from groupwise.registry import NoConfig
 from groupwise.types import Group, Problem, Sample
 

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from groupwise.registry import NoConfig, Registry, anything, described, list_of
+from groupwise.registry import Registry, anything, described, list_of
 from groupwise.types import Group, Replayed
 
 
@@ -38,24 +38,3 @@ def sample_contract(out: object, *_: object) -> str:
 
 BUFFERS = Registry("replay buffer", Buffer, "factory", ("cfg", "env"), contract={"sample": sample_contract,
                                                                                        "add": anything})
-
-
-class NoReplay:
-    def sample(self, step: int, ctx: Any) -> list[Replayed]:
-        return []
-
-    def add(self, groups: list[Group], advantages: Tensor, step: int) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-@BUFFERS.register("none", config=NoConfig, stateful=True)
-def none(cfg: NoConfig, env) -> NoReplay:
-    return NoReplay()
-
-

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
-from groupwise.registry import NoConfig, Registry, anything, described
+from groupwise.registry import Registry, anything, described
 from groupwise.types import Problem, Sample, TeacherOutput
 
 
@@ -43,10 +43,3 @@ def score_contract(out: object, samples: list, *_: object) -> str:
 
 TEACHERS = Registry("teacher", Teacher, "factory", ("cfg", "env"), optional=True,
                     contract={"score": score_contract, "on_step": anything})
-
-
-@TEACHERS.register("none", config=NoConfig)
-def none(cfg: NoConfig, env) -> None:
-    return None
-
-
