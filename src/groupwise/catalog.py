@@ -1,8 +1,9 @@
 """The catalogue of component kinds: every stage package, imported explicitly, and its registry.
 
-Reading this file tells which stages exist; ``groupwise list`` prints them. Members of a stage are the
-modules of its package (``registry.import_members``), plus users' plugins (``plugins.py``: recipe
-``plugins:`` and the ``groupwise.plugins`` entry-point group), which register exactly like built-ins.
+Reading this file tells which stages exist; ``groupwise list`` prints them. Importing a stage package imports
+its interface only (Protocol, registry); its members are found in the source (``registry.source_index``) and
+imported when named, plus users' plugins (``plugins.py``: recipe ``plugins:`` and the ``groupwise.plugins``
+entry-point group), which register exactly like built-ins.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class LabConfig:
     after a prefix is a value estimate (RREDCoT's acceptance setting)."""
     privileged_frac: float = 0.0
     """Share of warm-start examples shown with a privileged context (the problem plus its clean reference
-    trace, ``teachers.models.PRIVILEGED_CONTEXT``) whose target is that clean trace: the warm-started model then
+    trace, ``teachers.PRIVILEGED_CONTEXT``) whose target is that clean trace: the warm-started model then
     knows how to use a verified solution, so a privileged teacher knows more than the flawed student."""
     label_noise: float = dataclasses.field(default=0.0, metadata={"warm_start": False})
     """Share of training problems whose gold answer is corrupted to ``(gold ± 1) mod modulus``, in [0, 1) (see
@@ -227,7 +227,7 @@ class Lab:
         return f"{tag}<think>{body}</think><answer>{acc}</answer>"
 
     def sft_examples(self, rng: random.Random, n: int) -> list[tuple[Problem, str]]:
-        from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+        from groupwise.teachers import PRIVILEGED_CONTEXT, privileged_problem
 
         out = []
         for _ in range(n):

@@ -15,6 +15,21 @@ from typing import Any, Protocol, runtime_checkable
 from groupwise.registry import Registry, anything, described
 from groupwise.types import Problem, Sample, TeacherOutput
 
+PRIVILEGED_CONTEXT = "{prompt}\n<ref>{reference}</ref>"
+"""The default privileged context (the lab's ``privileged_frac`` warm start shows the model the same form)."""
+
+
+def privileged_problem(problem: Problem, template: str) -> Problem:
+    """The problem with its (last) user message rewritten by ``template``."""
+    msgs = problem.prompt if isinstance(problem.prompt, tuple | list) else None
+    text = msgs[-1]["content"] if msgs else problem.prompt
+    if "{reference}" in template and not problem.reference.strip():
+        raise ValueError(f"teacher context uses {{reference}} but problem {problem.id!r} has none "
+                         "(for the jsonl task set task.reference_key)")
+    rendered = template.format(prompt=text, reference=problem.reference, answer=problem.answer)
+    prompt = (*msgs[:-1], {**msgs[-1], "content": rendered}) if msgs else rendered
+    return dataclasses.replace(problem, prompt=prompt)
+
 
 @dataclasses.dataclass(frozen=True)
 class TeacherWant:

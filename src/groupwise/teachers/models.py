@@ -36,14 +36,10 @@ from collections.abc import Callable
 import torch
 
 from groupwise.models.forward import completion_logprobs, pack
-from groupwise.teachers import TEACHERS, TeacherWant
+from groupwise.teachers import PRIVILEGED_CONTEXT, TEACHERS, TeacherWant, privileged_problem  # noqa: F401  (re-exported)
 from groupwise.types import Problem, Sample, TeacherOutput
 
 FIELDS = ("prompt", "reference", "answer")
-PRIVILEGED_CONTEXT = "{prompt}\n<ref>{reference}</ref>"
-"""The default privileged context (the lab's ``privileged_frac`` warm start shows the model the same form)."""
-
-
 def check_template(template: str) -> None:
     try:
         names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
@@ -53,18 +49,6 @@ def check_template(template: str) -> None:
     if bad:
         raise ValueError(f"context={template!r}: unknown field {{{bad[0]}}}; allowed: "
                          + ", ".join("{" + f + "}" for f in FIELDS))
-
-
-def privileged_problem(problem: Problem, template: str) -> Problem:
-    """The problem with its (last) user message rewritten by ``template``."""
-    msgs = problem.prompt if isinstance(problem.prompt, tuple | list) else None
-    text = msgs[-1]["content"] if msgs else problem.prompt
-    if "{reference}" in template and not problem.reference.strip():
-        raise ValueError(f"teacher context uses {{reference}} but problem {problem.id!r} has none "
-                         "(for the jsonl task set task.reference_key)")
-    rendered = template.format(prompt=text, reference=problem.reference, answer=problem.answer)
-    prompt = (*msgs[:-1], {**msgs[-1], "content": rendered}) if msgs else rendered
-    return dataclasses.replace(problem, prompt=prompt)
 
 
 def topk_support(vocab_logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -9,7 +9,6 @@ from torch.testing import assert_close
 from groupwise.config import load
 from groupwise.losses.distil import (
     DistILConfig,
-    DistILCost,
     DistILCostConfig,
     DistILLossConfig,
     baselines,
@@ -20,6 +19,7 @@ from groupwise.losses.distil import (
     teacher_entropy,
 )
 from groupwise.registry import ConfigError
+from groupwise.rollout import TRANSFORMS
 from groupwise.teachers.models import topk_support
 from groupwise.types import Group, LossInputs, Problem, Sample, TeacherOutput
 
@@ -157,7 +157,7 @@ def test_the_transform_stores_each_rollouts_pinned_costs(monkeypatch):
 
     g = Group(Problem("p", "q", "7"), [sample([0.0, 0.0]), sample([0.0, 0.0])])
     for cost, want in (("ce", [0.3617730, math.log(2)]), ("kl", [0.0366900, 0.0])):
-        DistILCost(DistILCostConfig(cost=cost, chunk=1))([g], Ctx)
+        TRANSFORMS.get("distil").build(DistILCostConfig(cost=cost, chunk=1))([g], Ctx)
         for s in g.samples:
             assert s.meta["distil_cost"].tolist() == pytest.approx(want, abs=1e-7)
 
@@ -167,7 +167,7 @@ def test_the_transform_without_a_built_teacher_is_a_clear_error():
         teacher = None
 
     with pytest.raises(ValueError, match="needs the run's teacher"):
-        DistILCost(DistILCostConfig())([Group(Problem("p", "q", "7"), [sample([0.0])])], Ctx)
+        TRANSFORMS.get("distil").build(DistILCostConfig())([Group(Problem("p", "q", "7"), [sample([0.0])])], Ctx)
 
 
 def test_invalid_settings_are_load_time_errors():

@@ -11,8 +11,8 @@ from groupwise.replay import BUFFERS
 from groupwise.replay.basic import SimpleReplay, StoreConfig
 
 
-def fifo(**kw):
-    return SimpleReplay(StoreConfig(**kw), "fifo")
+def fifo(**kw) -> SimpleReplay:
+    return BUFFERS.get("fifo").build(StoreConfig(**kw))  # as a run builds it
 
 
 def ids(groups):
@@ -80,7 +80,7 @@ def test_no_model_call_unless_a_token_lacks_a_generator_logprob():
 
 
 def test_random_is_uniform_without_replacement_and_seeded():
-    buf = SimpleReplay(StoreConfig(replay_groups=3), "random")
+    buf = BUFFERS.get("random").build(StoreConfig(replay_groups=3))
     fill(buf, 4)
     a, b = ids(buf.sample(4, Ctx(seed=1))), ids(buf.sample(4, Ctx(seed=1)))
     assert a == b and len(set(a)) == 3

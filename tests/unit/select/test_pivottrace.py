@@ -10,10 +10,11 @@ from torch.testing import assert_close
 
 from groupwise.config import load
 from groupwise.models.forward import completion_logprobs, pack
-from groupwise.registry import ConfigError
+from groupwise.registry import BuildEnv, ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
 from groupwise.rollout.hf import HFConfig, HFGenerator
 from groupwise.seeding import stable_seed
+from groupwise.select import SELECTORS
 from groupwise.select.attention import attention_maps, eager_attention
 from groupwise.select.pivottrace import (
     PivotTraceConfig,
@@ -226,7 +227,7 @@ def fake_probe(answers_of=lambda i: ["1", "1", "2", None]):
 
 def test_neutral_full_budget_random_equals_training_on_all_labels(lab):
     cfg = PivotTraceConfig(strategy="random", label_budget=1.0, pool_size=12)
-    sel = PivotTraceSelector(cfg, lab, seed=3)
+    sel = SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=3))
     ref = RandomSelector(ListTask([lab.train[i] for i in range(12)]), seed=3)
     for step in range(7):  # several epochs of a 12-problem pool; no probe (ctx=None would fail one)
         got = sel.next(step, 5, ctx=None)
@@ -237,7 +238,7 @@ def test_neutral_full_budget_random_equals_training_on_all_labels(lab):
 
 def test_triage_routes_and_serves_gold_pseudo_never_skip(lab):
     cfg = PivotTraceConfig(label_budget=0.3, pool_size=20, skip_frac=0.2)
-    sel = PivotTraceSelector(cfg, lab, seed=0)
+    sel = SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=0))
     sel.probe = fake_probe()
     served = sel.next(0, 60, ctx=None)
     gold, pseudo, skip = sel.annotated, set(sel.pseudo), sel.skip
@@ -258,7 +259,7 @@ def test_triage_routes_and_serves_gold_pseudo_never_skip(lab):
 def test_low_majority_goes_to_annotate_only_while_budget_remains(lab):
     # every pseudo candidate has top share 1/4 < .5; the gold band already took the whole budget (5 of 10)
     cfg = PivotTraceConfig(label_budget=0.5, pool_size=10, skip_frac=0.0, order=("pseudo", "gold", "skip"))
-    sel = PivotTraceSelector(cfg, lab, seed=0)
+    sel = SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=0))
     sel.probe = fake_probe(lambda i: ["1", "2", "3", "4"])  # top share .25 < min_majority .5
     sel.next(0, 1, ctx=None)
     assert len(sel.annotated) == 5 and not sel.pseudo and len(sel.skip) == 5  # no budget left → deferred
@@ -270,7 +271,7 @@ def test_low_majority_goes_to_annotate_only_while_budget_remains(lab):
        agree=st.booleans())
 def test_budget_is_never_exceeded(lab, pool, budget, skip, order, rounds, agree):
     cfg = PivotTraceConfig(label_budget=budget, pool_size=pool, skip_frac=skip, order=tuple(order), refresh_every=1)
-    sel = PivotTraceSelector(cfg, lab, seed=0)
+    sel = SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=0))
     sel.probe = fake_probe((lambda i: ["1"] * 4) if agree else (lambda i: ["1", "2", "3", None]))
     for step in range(rounds):
         try:
@@ -287,12 +288,12 @@ def test_probe_determinism_and_state_round_trip(tiny_model, tokenizer, lab):
     def run(sel, steps):
         return [[(p.id, p.answer) for p in sel.next(s, 4, make_ctx(tiny_model, tokenizer, lab, s))] for s in steps]
 
-    a, b = PivotTraceSelector(cfg, lab, seed=1), PivotTraceSelector(cfg, lab, seed=1)
+    a, b = SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=1)), SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=1))
     first = run(a, range(3))
     assert first == run(b, range(3)) and a.state_dict() == b.state_dict()
     assert a.round == 2 and a.metrics()["select/pool_size"] == 8.0  # re-triaged at step 2
     assert "select/probe_s" in a.metrics()
-    c = PivotTraceSelector(cfg, lab, seed=1)
+    c = SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=1))
     c.load_state_dict(a.state_dict())
     assert run(c, range(3, 6)) == run(a, range(3, 6))
     assert c.state_dict() == a.state_dict()
@@ -300,7 +301,7 @@ def test_probe_determinism_and_state_round_trip(tiny_model, tokenizer, lab):
 
 def test_probe_on_the_tiny_model_returns_densities(tiny_model, tokenizer, lab):
     cfg = PivotTraceConfig(pool_size=4, probe_samples=2, min_shift=0.0, kappa=0.0)
-    sel = PivotTraceSelector(cfg, lab, seed=0)
+    sel = SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=0))
     probes = sel.probe(sel.pool, make_ctx(tiny_model, tokenizer, lab))
     assert len(probes) == 4 and all(len(p.answers) == 2 and p.density >= 0 and p.entropy > 0 for p in probes)
     assert any(p.density > 0 for p in probes)  # a random model's attention does shift

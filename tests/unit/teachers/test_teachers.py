@@ -195,6 +195,12 @@ def test_teacher_outputs_are_reused_across_ppo_epochs(tiny_model, tokenizer):
     assert teacher.metrics()["teacher/forwards"] == 0.0
 
 
+def test_teacher_none_builds_no_teacher_and_provides_nothing():
+    entry = TEACHERS.get("none")
+    assert entry.build(entry.config(), None) is None and entry.abilities("provides", entry.config()) == ()
+    assert TEACHERS.optional  # a teacher slot may build to None
+
+
 def test_config_errors_name_what_is_wrong():
     with pytest.raises(ConfigError, match=r"loss.terms.1: loss 'teacher_kl' requires 'teacher', which no selected "
                                           r"component provides; allowed: add teacher 'ema' or teacher 'frozen' or "
