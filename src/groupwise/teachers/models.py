@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from groupwise.models.forward import completion_logprobs, pack
-from groupwise.teachers import PRIVILEGED_CONTEXT, TEACHERS, TeacherWant, privileged_problem  # noqa: F401  (re-exported)
+from groupwise.teachers import PRIVILEGED_CONTEXT, TEACHERS, TeacherWant, privileged_problem  # noqa: F401
 from groupwise.types import Problem, Sample, TeacherOutput
 
 FIELDS = ("prompt", "reference", "answer")
