@@ -15,12 +15,13 @@ def loss_needs(cfg: RunConfig) -> set[str]:
 
 
 def check(cfg: RunConfig) -> None:
-    """Cross-section rules: each component's ``check(run)``, and what active loss terms need."""
+    """Cross-section rules: each component config's ``check(run)``, the declared abilities, the importance-sampling
+    and asynchronous-rollout prerequisites, and what the driver, Ray workers and FSDP refuse."""
     for spec in cfg.specs():
-        check = getattr(spec.cfg, "check", None)
-        if check is not None:
+        rule = getattr(spec.cfg, "check", None)
+        if rule is not None:
             try:
-                check(cfg)
+                rule(cfg)
             except ValueError as e:
                 raise ConfigError(f"{spec.kind} '{spec.name}': {e}") from None
     _check_abilities(cfg)
@@ -62,7 +63,7 @@ def _check_abilities(cfg: RunConfig) -> None:
     """Every ability a selected component requires (``Entry.requires``; a loss term's teacher ``needs`` require a
     teacher) is provided by another selected one, and none provides what another ``conflicts`` with."""
     chosen = [(key, spec, registry(spec.kind).get(spec.name)) for key, spec in slots(cfg)]
-    given = {a: (key, spec) for key, spec, e in chosen for a in e.abilities("provides", spec.cfg)}
+    given = {a for _, spec, e in chosen for a in e.abilities("provides", spec.cfg)}
     for key, spec, entry in chosen:
         needs = entry.needs_of(spec.cfg) if spec.kind == "loss" else ()
         wants = (*entry.abilities("requires", spec.cfg), *(n for n in ("teacher", "teacher_topk") if n in needs),
