@@ -13,8 +13,9 @@ kind's Protocol (``Registry.protocol``). Optional abilities are declared when a 
 probed: ``stateful`` (``state_dict()`` / ``load_state_dict()``, checkpointed), ``reports`` (``metrics() ->
 dict[str, float]``, merged into each step's metrics), ``driver_only`` (it must run in the training process:
 never in a Ray rollout worker), for generators ``logprobs`` (its completions carry the sampler's own
-log-probs; false for a scripted one, which the importance-sampling correction refuses) and ``snapshot`` (it
-can be built on a frozen copy of the weights: asynchronous rollouts), ``provides`` / ``requires`` / ``conflicts``
+log-probs; false for a scripted one, which the importance-sampling correction refuses), ``snapshot`` (it
+can be built on a frozen copy of the weights: asynchronous rollouts) and ``own_weights`` (its engine holds a
+copy of the weights that ``sync_weights`` reloads: asynchronous rollouts load each snapshot into it), ``provides`` / ``requires`` / ``conflicts``
 (abilities, plain strings, that members give each other: ``config.check`` refuses a recipe whose selected
 components require an ability none provides, so no component checks another by name), and for loss terms
 ``needs`` (inputs the update must compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
@@ -98,7 +99,12 @@ class Entry(Generic[T]):
     ``fake`` generator's constant; ``loss.importance_sampling`` is then refused at load)."""
     snapshot: bool = False
     """A generator built on ``env.policy`` samples from that module alone, so a second one built on a frozen
-    copy of the weights samples from the copy (``rollout.max_async_level`` > 0 needs it; ``loop/lag.py``)."""
+    copy of the weights samples from the copy (``rollout.max_async_level`` > 0 needs this or ``own_weights``;
+    ``loop/lag.py``)."""
+    own_weights: bool = False
+    """A generator whose engine holds its own copy of the weights, reloaded from the module given to
+    ``sync_weights(model)`` before its next generation (vLLM): asynchronous rollouts share it and load each
+    snapshot into it."""
     provides: Abilities = ()
     """What this member gives the others of a run (``"think_modes"``: its samples carry their mode; ``"teacher"``;
     ``"policy_gradient"``), a function of its config when that depends on a knob."""
@@ -182,8 +188,8 @@ class Registry(Generic[T]):
     def register(self, name: str, config: type = NoConfig, *, stateful: bool = False, reports: bool = False,
                  needs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (), advantage_only: bool = False,
                  label: Callable[[Any], str] | None = None, driver_only: bool = False,
-                 logprobs: bool = True, snapshot: bool = False, provides: Abilities = (),
-                 requires: Abilities = (), conflicts: Abilities = ()) -> Callable[[T], T]:
+                 logprobs: bool = True, snapshot: bool = False, own_weights: bool = False,
+                 provides: Abilities = (), requires: Abilities = (), conflicts: Abilities = ()) -> Callable[[T], T]:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"{self.kind} '{name}': config must be a dataclass, got {config!r}")
         bad = [] if callable(needs) else [n for n in needs if n not in NEEDS]
@@ -197,8 +203,8 @@ class Registry(Generic[T]):
             _check_params(self, name, obj)
             self._entries[name] = Entry(self.kind, name, obj, config, self.form, stateful, reports,
                                         needs if callable(needs) else tuple(needs), advantage_only, label,
-                                        driver_only, self.contract, logprobs, snapshot, provides, requires,
-                                        conflicts)
+                                        driver_only, self.contract, logprobs, snapshot, own_weights, provides,
+                                        requires, conflicts)
             return obj
 
         return deco

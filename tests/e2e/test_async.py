@@ -106,24 +106,35 @@ def test_replay_buffers_run_lagged(tmp_path, cache, monkeypatch, buffer):
 
 @pytest.mark.parametrize(("override", "match"), [
     ("rollout.max_async_level=-1", r"max_async_level.*>= 0"),
-    ("rollout.generator=vllm", r"rollout.max_async_level=1: generator 'vllm' cannot sample from a weight snapshot; "
-                               r"allowed: rollout.max_async_level=0, or generator"),
+    ("rollout.generator=fake", None),  # a snapshot generator
+    ("rollout.generator=vllm", None),  # an engine with its own weights: the snapshot is loaded into it
     ("teacher=privileged", r"rollout.max_async_level=1: not built with teacher"),
     ("rollout.shards=2", None),
 ])
 def test_load_time_refusals(override, match):
     args = [*ARGS, "rollout.max_async_level=1", override] if override != "rollout.max_async_level=-1" else \
         [*ARGS, override]
-    if match is None:  # shards in this process are supported
+    if match is None:  # supported
         load(RECIPE, args)
         return
     with pytest.raises(ConfigError, match=match):
         load(RECIPE, args)
 
 
-def test_ray_workers_are_refused_in_one_line():
-    with pytest.raises(ConfigError, match=r"max_async_level=1: not built with rollout.workers"):
-        load(RECIPE, [*ARGS, "rollout.max_async_level=1", "rollout.shards=2", "rollout.workers=1"])
+def test_a_generator_that_cannot_sample_a_snapshot_is_refused_in_one_line():
+    from groupwise.rollout import GENERATORS
+
+    @GENERATORS.register("live_only_test")
+    def live_only(cfg, env):  # neither rebuildable on a snapshot nor an engine with its own weights
+        return None
+
+    try:
+        with pytest.raises(ConfigError, match=r"^rollout.max_async_level=1: generator 'live_only_test' cannot "
+                                              r"sample from a weight snapshot; allowed: rollout.max_async_level=0, "
+                                              r"or generator fake \| hf \| vllm$"):
+            load(RECIPE, [*ARGS, "rollout.max_async_level=1", "rollout.generator=live_only_test"])
+    finally:
+        GENERATORS._entries.pop("live_only_test")
 
 
 def test_a_failing_background_update_stops_the_run_in_one_line(tmp_path, cache, monkeypatch):

@@ -171,6 +171,30 @@ def test_the_vllm_recipe_trains_and_resumes(tmp_path):
     assert a["after"] == pytest.approx(b["after"], rel=1e-4, abs=1e-6)
 
 
+def test_asynchronous_rollouts_sample_the_snapshot_not_the_live_policy(tmp_path):
+    """``rollout.max_async_level=1`` with vLLM: the engine is shared, ``Lag.at`` loads each step's snapshot into it
+    and ``trainer.finish`` the live policy again (the eval between steps samples that), so every step's sampler
+    log-probs equal the trainer's on the version that sampled (``mismatch/max_abs_dlogp`` within fp32 rounding)
+    although the live policy moved under lr 1e-2 while the rollout ran."""
+    import json
+
+    from groupwise.loop.trainer import train
+
+    over = [*RUN, "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_async_level=1", "optim.lr=1e-2",
+            "trainer.steps=4", "trainer.sinks=[jsonl]", "eval.before=false", "eval.every=2", "eval.n_problems=4",
+            "eval.k=1", "rollout.max_completion_tokens=48", f"out_dir={tmp_path}", "name=lag"]
+    train(load("recipes/grpo_lab.yaml", over))
+    rows = [json.loads(x) for x in (tmp_path / "lag" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/staleness_max" in r]
+    assert [r["rollout/staleness_max"] for r in steps] == [0.0, 1.0, 1.0, 1.0]
+    assert sum(r["update/grad_norm"] > 0 for r in steps[:-1]) >= 2, "the weights moved between versions"
+    gaps = [r["mismatch/max_abs_dlogp"] for r in steps if "mismatch/max_abs_dlogp" in r]  # steps that trained rows
+    lagged = [r["mismatch/max_abs_dlogp"] for r in steps[1:] if "mismatch/max_abs_dlogp" in r]
+    assert lagged and max(gaps) < TOL, gaps
+    assert all(r["sync/failures"] == 0 for r in steps)
+    assert any("eval/mean_at_k" in r for r in rows)
+
+
 def test_server_mode_generates_and_reloads_weights_from_disk(tmp_path):
     """A real ``vllm serve`` process: rows go through /inference/v1/generate, weights through sync_dir +
     /collective_rpc reload_weights (VLLM_SERVER_DEV_MODE=1)."""

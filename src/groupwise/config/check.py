@@ -133,16 +133,16 @@ def _check_workers(cfg: RunConfig) -> None:
 
 def _check_async(cfg: RunConfig) -> None:
     """``rollout.max_async_level`` > 0 runs the rollout stage on a weight snapshot while a background thread
-    updates the policy: the generator must be rebuildable on a snapshot, and nothing in the rollout stage may
-    read the weights being updated (``loop/lag.py``)."""
+    updates the policy: the generator must be rebuildable on a snapshot (``snapshot``) or load one into its own
+    engine (``own_weights``), and nothing in the rollout stage may read the weights being updated
+    (``loop/lag.py``). Ray workers hold their own copies and are given the snapshot's."""
     k, gen = cfg.rollout.max_async_level, cfg.rollout.generator.name
     entry = registry("generator").get(gen)
-    if not entry.snapshot:
-        ok = [n for n in registry("generator").names() if registry("generator").get(n).snapshot]
+    if not (entry.snapshot or entry.own_weights):
+        ok = [e.name for e in registry("generator").entries() if e.snapshot or e.own_weights]
         raise ConfigError(f"rollout.max_async_level={k}: generator '{gen}' cannot sample from a weight snapshot; "
                           f"allowed: rollout.max_async_level=0, or generator {' | '.join(ok)}")
     for key, on, why in (
-            ("rollout.workers", cfg.rollout.workers > 0, "Ray workers hold the current weights, not a snapshot"),
             ("trainer.data_parallel", cfg.trainer.data_parallel == "fsdp", "FSDP gathers weights collectively"),
             ("teacher", "reads_live_policy" in registry("teacher").get(cfg.teacher.name).abilities(
                 "provides", cfg.teacher.cfg), f"teacher '{cfg.teacher.name}' reads the weights being updated")):

@@ -150,7 +150,9 @@ class RolloutConfig:
     """K: asynchronous rollouts with a fixed lag (``loop/lag.py``). Step t's rollouts are sampled by policy
     version max(0, t − K) (version = updates applied), on a frozen copy of the weights, while step t − 1's
     update runs in a background thread; their PPO behaviour log-probs are that version's. 0: the synchronous
-    loop. Generators that support it are registered ``snapshot=True`` (``hf``, ``fake``)."""
+    loop. Generators that support it are registered ``snapshot=True`` (``hf``, ``fake``: rebuilt on the copy) or
+    ``own_weights=True`` (``vllm``: the engine is shared and loaded with the copy); Ray workers are given the
+    copy's weights."""
     async_timeout_s: float = 3600.0
     """With ``max_async_level`` > 0: the longest the loop waits for a background update before it stops the
     run in one line (a hung update); the last checkpoint is intact."""

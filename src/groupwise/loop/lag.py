@@ -7,6 +7,11 @@ copy of the weights (``at``), then the behaviour log-probs of its rows: the trai
 (``Sample.old_logprobs``; the PPO ratio is π_θ / π_{t+1−K}, and ``loss.importance_sampling`` keeps
 correcting sampler vs trainer at that version). The last K versions' trainable weights are kept (``keep``).
 
+Engines. The snapshot pipeline gets its own generator when the run's can be rebuilt on a module
+(``snapshot``: ``hf``); an engine that holds its own weights (``own_weights``: ``vllm``) is shared instead and
+loaded with the snapshot before every rollout (``at``), ``trainer.finish`` loading the policy back after the
+update; Ray rollout workers are the same actors, sent the snapshot's weights (each holds its own copy).
+
 Why the update, not the generator, is the background thread: everything with state other than the weights
 (selector and curriculum cursors, builders, transforms, reward terms and their SIGALRM timeouts, the filter,
 the recorder, the replay buffer, signals) stays in the main thread, in the order of the synchronous loop, so
@@ -91,14 +96,23 @@ class Lag:
 
     ``make_generator(model)`` builds the run's generator (counted) on ``model``: the snapshot's."""
 
-    def __init__(self, p: Pipeline, make_generator: Callable[[torch.nn.Module], Any]):
+    def __init__(self, p: Pipeline, make_generator: Callable[[torch.nn.Module], Any], own_weights: bool = False):
+        """``own_weights``: the run's generator is an engine with its own copy of the weights (vLLM), shared by
+        the snapshot pipeline and loaded with the snapshot before each rollout (and with the policy again after
+        each update, for the eval: ``trainer.finish``); otherwise the snapshot gets its own generator."""
         if data_parallel()[1] > 1:
             raise ConfigError("rollout.max_async_level: not built with several training processes; allowed: "
                               "rollout.max_async_level=0 there")
         self.p, self.k, self.timeout = p, p.cfg.rollout.max_async_level, p.cfg.rollout.async_timeout_s
+        self.shared = own_weights
         self.snapshot = copy.deepcopy(p.policy).requires_grad_(False)
-        self.view = dataclasses.replace(p, policy=self.snapshot, generator=make_generator(self.snapshot), lag=None)
-        self.view.shards = InProcess(self.view)
+        generator = p.generator if own_weights else make_generator(self.snapshot)
+        self.view = dataclasses.replace(p, policy=self.snapshot, generator=generator, lag=None)
+        if isinstance(p.shards, InProcess):
+            self.view.shards = InProcess(self.view)
+        else:  # Ray workers: the same actors, each holding its own copy, given the snapshot's weights
+            p.shards.p = self.view
+            self.view.shards = p.shards
         self.versions: dict[int, dict[str, Tensor]] = {}
         self.before: dict[str, Any] = {}  # the rollout-stage parts' state before the rollout run ahead
         self.ahead: Rollout | None = None
@@ -111,12 +125,14 @@ class Lag:
     def at(self, step: int) -> tuple[Pipeline, int]:
         """The snapshot pipeline at version max(0, step − K), and that version; older versions are dropped."""
         v = max(0, step - self.k)
-        if self.loaded != v:
-            params = dict(self.snapshot.named_parameters())
-            with torch.no_grad():
-                for name, value in self.versions[v].items():
-                    params[name].copy_(value)
+        if self.loaded != v or self.shared:  # a shared engine was given the policy since (``trainer.finish``)
+            if self.loaded != v:
+                params = dict(self.snapshot.named_parameters())
+                with torch.no_grad():
+                    for name, value in self.versions[v].items():
+                        params[name].copy_(value)
             self.view.generator.sync_weights(self.snapshot)  # an engine holding its own copy reloads (and is probed)
+            self.view.shards.sync_weights(self.snapshot)  # Ray workers: the snapshot's weights with the next shard
             self.loaded = v
         for old in [u for u in self.versions if u < v]:
             del self.versions[old]

@@ -175,5 +175,6 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
         from groupwise.loop.lag import Lag
 
         # the snapshot's generator is checked against the snapshot (``Lag.at`` syncs it after each copy)
-        pipe.lag = Lag(pipe, lambda model: _generator(cfg, dataclasses.replace(env, policy=model), model, tokenizer))
+        pipe.lag = Lag(pipe, lambda model: _generator(cfg, dataclasses.replace(env, policy=model), model, tokenizer),
+                       catalog.entry(cfg.rollout.generator).own_weights)
     return pipe

@@ -133,9 +133,11 @@ def require_ray() -> Any:
     return ray
 
 
-def trainable(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that train (all of them, or a LoRA policy's adapter), as CPU copies."""
-    return {n: t.detach().to("cpu", copy=True) for n, t in policy.named_parameters() if t.requires_grad}
+def trainable(policy: torch.nn.Module, names: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """The parameters that train (all of them, or a LoRA policy's adapter), as CPU copies; with ``names``, those
+    parameters of ``policy`` (a frozen snapshot of the policy: ``loop/lag.py``)."""
+    return {n: t.detach().to("cpu", copy=True) for n, t in policy.named_parameters()
+            if (t.requires_grad if names is None else n in names)}
 
 
 @torch.no_grad()
@@ -298,6 +300,7 @@ class RayWorkers:
         self.ray = require_ray()
         self.p, self.version, self.weights, self.restarts = p, 0, None, 0
         self.build = build  # ``setup.build``: each actor builds its rollout-only pipeline with it
+        self.names = {n for n, t in p.policy.named_parameters() if t.requires_grad}  # what a sync sends
         self.actors: list[Any] = []  # started with the first shard: building a pipeline starts no process
         self.pids: list[int] = []  # each actor's process id: a result from another one is a restart
         self.owns, self.job = False, ""
@@ -339,7 +342,7 @@ class RayWorkers:
         if not self.actors:
             self._start()
         if self.weights is None:  # once per update, shared by every actor through the object store
-            self.weights = self.ray.put(trainable(self.p.policy))
+            self.weights = self.ray.put(trainable(self.p.policy, self.names))
         parts = deal(problems, n)
         todo = [i for i in range(n) if parts[i] or n == 1]
         done: dict[int, list[Group]] = {}
@@ -359,7 +362,7 @@ class RayWorkers:
                 raise self.stopped(f"step {step}", f"rollout shard {i}'s worker died {MAX_TRIES} times", e) from None
             if self._stale(result, k, retry=i not in resent):  # resync: send the weights again, rerun the shard
                 resent.add(i)
-                self.weights, self.version = self.ray.put(trainable(self.p.policy)), self.version + 1
+                self.weights, self.version = self.ray.put(trainable(self.p.policy, self.names)), self.version + 1
                 todo.insert(0, i)
                 continue
             done[i] = self._absorb(result, k, step, draws)

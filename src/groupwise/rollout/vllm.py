@@ -206,9 +206,10 @@ class VLLMGenerator:
     # --- weights ---------------------------------------------------------------------------------------------
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Called after every optimizer step: the engine's weights are stale until the next ``generate``."""
-        assert model is self.model
-        self.stale = True
+        """Called after every optimizer step: the engine's weights are stale until the next ``generate``, which
+        loads ``model``'s: the policy, or under asynchronous rollouts (``loop/lag.py``) the weight snapshot the
+        next rollout samples from (the engine is shared, and eval between steps syncs the policy back)."""
+        self.model, self.stale = model, True
 
     def release(self) -> None:
         """The rollout stage is over: with ``sleep``, free the engine's memory for the update."""
@@ -357,7 +358,8 @@ def _token_logprobs(choice: dict, toks: list[int]) -> list[float]:
     return [c["logprob"] for c in content]
 
 
-@GENERATORS.register("vllm", config=VLLMConfig, driver_only=True, provides=("vllm_engine",))  # one engine, in the trainer (not in Ray actors)
+# one engine, in the trainer (not in Ray actors); it holds its own weights, reloaded from the module synced to it
+@GENERATORS.register("vllm", config=VLLMConfig, driver_only=True, own_weights=True, provides=("vllm_engine",))
 def vllm_generator(cfg: VLLMConfig, env) -> VLLMGenerator:
     run = env.run
     from groupwise.parallel import data_parallel
