@@ -17,8 +17,9 @@ log-probs; false for a scripted one, which the importance-sampling correction re
 can be built on a frozen copy of the weights: asynchronous rollouts), ``provides`` / ``requires`` / ``conflicts``
 (abilities, plain strings, that members give each other: ``config.check`` refuses a recipe whose selected
 components require an ability none provides, so no component checks another by name), and for loss terms
-``needs`` (inputs the update must compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
-rows). Unknown names fail with the valid names and the closest match.
+``needs`` (inputs the update must compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and
+gradient vanish where A = 0, so the update may skip such rows). Unknown names fail with the valid names and the
+closest match.
 
 Members are found without importing them: ``source_index()`` reads groupwise's own source files for
 ``NAME = Registry("kind", ...)`` and ``@NAME.register("member", ...)`` lines, and a registry imports a member's

@@ -357,7 +357,8 @@ def _token_logprobs(choice: dict, toks: list[int]) -> list[float]:
     return [c["logprob"] for c in content]
 
 
-@GENERATORS.register("vllm", config=VLLMConfig, driver_only=True, provides=("vllm_engine",))  # one engine, in the trainer (not in Ray actors)
+# one engine, in the trainer (not in Ray actors)
+@GENERATORS.register("vllm", config=VLLMConfig, driver_only=True, provides=("vllm_engine",))
 def vllm_generator(cfg: VLLMConfig, env) -> VLLMGenerator:
     run = env.run
     from groupwise.parallel import data_parallel
