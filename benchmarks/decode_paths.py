@@ -100,7 +100,8 @@ def main() -> None:
         print(f"{name:<10} {s:>7.3f} {min(ts):>6.3f}-{max(ts):<6.3f} {tokens / s:>7.0f} "
               f"{2 * n_params * tokens / s / 1e9:>8.1f} {100 * 2 * n_params * tokens / s / best:>5.1f}%")
     m, f = statistics.median(times["model"]), statistics.median(times["fused"])
-    print(f"model/fused: {m / f:.2f}x (per repeat: {', '.join(f'{x / y:.2f}' for x, y in zip(times['model'], times['fused']))})")
+    print(f"model/fused: {m / f:.2f}x "
+          f"(per repeat: {', '.join(f'{x / y:.2f}' for x, y in zip(times['model'], times['fused']))})")
 
 
 if __name__ == "__main__":

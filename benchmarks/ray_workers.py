@@ -102,7 +102,8 @@ def main() -> None:
     finally:
         ray.shutdown()
     base, scaling = results[0]["tok_s"], cpu_scaling()
-    print(f"\n{os.cpu_count()} CPUs (2 processes do {scaling:.2f}x the matmul work of 1), {args.threads} torch thread(s) per process, rollout.shards={args.shards}, "
+    print(f"\n{os.cpu_count()} CPUs (2 processes do {scaling:.2f}x the matmul work of 1), "
+          f"{args.threads} torch thread(s) per process, rollout.shards={args.shards}, "
           f"steps 2..{args.steps} of {Path(args.recipe).name} {' '.join(args.overrides)}\n")
     print("| rollout | gen tok/step | rollout s/step | generate s/step (sum over shards) | gen tok/s | ratio | "
           "update s/step | samples |")
@@ -110,7 +111,8 @@ def main() -> None:
     for n, r in results.items():
         same = "same" if r["digest"] == results[0]["digest"] else f"DIFFER ({r['digest']})"
         print(f"| {'in-process' if n == 0 else f'{n} Ray worker' + ('s' if n > 1 else '')} | {r['tokens']:.0f} | "
-              f"{r['rollout_s']:.2f} | {r['gen_s']:.2f} | {r['tok_s']:.0f} | {r['tok_s'] / base:.2f}x | {r['update_s']:.2f} | {same} |")
+              f"{r['rollout_s']:.2f} | {r['gen_s']:.2f} | {r['tok_s']:.0f} | {r['tok_s'] / base:.2f}x | "
+              f"{r['update_s']:.2f} | {same} |")
 
 
 if __name__ == "__main__":

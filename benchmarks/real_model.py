@@ -20,9 +20,9 @@ and the run's peak RSS. The arms alternate (lora, full, full, lora, ...) with ``
 ``memory``: peak RSS of (a) one generate call of R rows (groups of 8, every row forced to the 48-token cap)
 for R in ``--rows``, and (b) one update (forward + backward + AdamW step, full fine-tuning and LoRA) on a
 fixed batch of 16 groups x 8 rows (~8k tokens as the recipe's ``optim.shared_prefix`` packs them: each group's
-prompt once; an M above that measures nothing new) at ``optim.micro_batch_tokens`` M in ``--micro``. Memory grows linearly in R (the KV
-cache and the sampling buffers) and in M (activations and one micro-batch of full-vocabulary logits); the
-fitted slopes give the largest R and M under ``--budget-gib`` (24 GiB, this machine's memory) with 10%
+prompt once; an M above that measures nothing new) at ``optim.micro_batch_tokens`` M in ``--micro``. Memory grows
+linearly in R (the KV cache and the sampling buffers) and in M (activations and one micro-batch of full-vocabulary
+logits); the fitted slopes give the largest R and M under ``--budget-gib`` (24 GiB, this machine's memory) with 10%
 headroom. The update's memory does not depend on the number of rows per step (the update is micro-batched by
 tokens), so the batch limit is the generator's ``max_batch_rows`` and the update's ``micro_batch_tokens``, not
 ``prompts_per_step x group_size``.

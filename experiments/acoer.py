@@ -197,7 +197,8 @@ def main() -> None:
     arms = {a: [*COMMON, *ov, *task] for a, ov in {**grpo, **ARMS}.items() if with_fixed or a != "acoer_fixed"}
     runs: dict[str, list[Path]] = {} if early else {"grpo": [harness.OUT / "qlpo" / f"grpo-s{s}" for s in args.seeds]}
     for s in args.seeds:  # seeds interleaved: a cut-short experiment still has matched arms
-        for arm, dirs in harness.run_arms(name, RECIPE, arms, argparse.Namespace(**{**vars(args), "seeds": [s]})).items():
+        for arm, dirs in harness.run_arms(name, RECIPE, arms,
+                                          argparse.Namespace(**{**vars(args), "seeds": [s]})).items():
             runs.setdefault(arm, []).extend(dirs)
     if not args.report_only and not early:  # normally trained by experiments/qlpo.py already; trains what is missing
         ensure_baseline(args.seeds, args.jobs)

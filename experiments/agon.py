@@ -55,7 +55,8 @@ def cells(arm: str, run: Path, when: str = "after") -> dict[str, float]:
     if arm == "grpo":
         acc = m["eval/greedy_acc"]
         return {"cascade (mean of 2 directions)": acc, "solo (mean of players)": acc,
-                "final-stage length": greedy_len(run) if when == "after" else float("nan"), "gen tokens (M)": tokens / 1e6}
+                "final-stage length": greedy_len(run) if when == "after" else float("nan"),
+                "gen tokens (M)": tokens / 1e6}
     return {"cascade (mean of 2 directions)": (m["eval/cascade_ab_acc"] + m["eval/cascade_ba_acc"]) / 2,
             "cascade A→B": m["eval/cascade_ab_acc"], "cascade B→A": m["eval/cascade_ba_acc"],
             "solo (mean of players)": (m["eval/solo_a_acc"] + m["eval/solo_b_acc"]) / 2,

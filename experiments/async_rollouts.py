@@ -43,7 +43,8 @@ def main() -> None:
                                 "clip_frac": harness.agg([clip_frac(d) for d in dirs])}
     secs = {arm: statistics.fmean(harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs)
             for arm, dirs in runs.items()}
-    png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/correct_frac"], out_dir / "curves.png")
+    png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/correct_frac"],
+                              out_dir / "curves.png")
     text = (f"# {EXPERIMENT}\n\n`{RECIPE}`, seeds {args.seeds}, 128 held-out problems (mean@4 at T=1, greedy), "
             "equal samples per arm. Cells: mean ± std [min, max] over seeds.\n\n"
             + harness.table(rows, [*KEYS, "clip_frac"])

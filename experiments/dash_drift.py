@@ -14,11 +14,12 @@ starts unable to add (9-14% accuracy), so productive fixes can only emerge. Two 
 one-seed GRPO pilots that did not learn, both from 600- / 400-step warm starts at ~10-18% Mean@8: the default
 chains (train correctness 0.15 -> 0.11 over 100 steps) and the demo's chains with wrap slips (0.11 -> 0.10).
 Every arm runs the ``dash_drift`` transform, which marks commitments and counts drift (``drift_reward: 0`` in the
-baseline arms, so their rewards and advantages are plain GRPO's / Dr.GRPO's). 16 prompts x 8 samples, 64 tokens, lr 1e-4,
-150 steps (cut from the spec's 500 to fit the end of the session; the curves show whether they flattened), eval every 50 steps on 128 held-out problems
-with k = 8. Drift rate = share of train rollouts with a correct commitment and a wrong final answer; fix rate =
-share with a wrong commitment and a correct final answer (both from the transform; first 10 steps, steps 1-30 (the
-speed of removal: a GRPO pilot removed most drift within ~20 steps) and the last 20).
+baseline arms, so their rewards and advantages are plain GRPO's / Dr.GRPO's). 16 prompts x 8 samples, 64 tokens,
+lr 1e-4, 150 steps (cut from the spec's 500 to fit the end of the session; the curves show whether they flattened),
+eval every 50 steps on 128 held-out problems with k = 8. Drift rate = share of train rollouts with a correct commitment
+and a wrong final answer; fix rate = share with a wrong commitment and a correct final answer (both from the
+transform; first 10 steps, steps 1-30 (the speed of removal: a GRPO pilot removed most drift within ~20 steps) and
+the last 20).
 
     PYTHONPATH=src python experiments/dash_drift.py --jobs 2                   # grpo, dash
     PYTHONPATH=src python experiments/dash_drift.py --arms dr_grpo dash_dr no_escalation
@@ -48,7 +49,8 @@ ARMS = {
 
 def main() -> None:
     def own(p):
-        p.add_argument("--arms", nargs="+", default=["grpo", "dash"], choices=list(ARMS), help="run / report only these")
+        p.add_argument("--arms", nargs="+", default=["grpo", "dash"], choices=list(ARMS),
+                       help="run / report only these")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
@@ -62,7 +64,8 @@ def main() -> None:
             cells[f"{name} (steps 1-30)"] = harness.agg([harness.head_mean(d, key, 30) for d in dirs])
             cells[f"{name} (tail20)"] = harness.agg([harness.tail_mean(d, key) for d in dirs])
         cells["train_correct(tail20)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac") for d in dirs])
-        cells["train_correct(steps 1-30)"] = harness.agg([harness.head_mean(d, "reward/correct_frac", 30) for d in dirs])
+        cells["train_correct(steps 1-30)"] = harness.agg([harness.head_mean(d, "reward/correct_frac", 30)
+                                                          for d in dirs])
         cells["drift < 2% from step"] = harness.agg([harness.first_step_at(d, "rollout/drift_frac", 0.02, 5, below=True)
                                                      for d in dirs])
         cells.update(harness.cost_cells(dirs))
@@ -74,10 +77,11 @@ def main() -> None:
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/drift_frac", "rollout/fix_frac"],
                                  out_dir / "train_curves.png")]
-    lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
+    lines = [f"# {EXPERIMENT}\n\n",
+             f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
              f"128 problems; warm start Mean@8 {harness.fmt(before)}.\n\n", harness.table(rows, cols),
-             "\nBehaviour on the train rollouts (share of rollouts; tokens after the first correct commitment; the first "
-             "step whose trailing 5-step drift rate is under 2%):\n\n",
+             "\nBehaviour on the train rollouts (share of rollouts; tokens after the first correct commitment; "
+             "the first step whose trailing 5-step drift rate is under 2%):\n\n",
              harness.table(rows, behaviour), "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
     harness.write_report(out_dir, lines, plots)
 

@@ -62,7 +62,8 @@ def check_teacher() -> None:
     p = build(load(RECIPE, ["trainer.threads=1"]))
     problems = list(p.task.test[:128])
     for name, ps in (("student, plain prompt", problems),
-                     ("teacher view, problem + reference", [privileged_problem(x, PRIVILEGED_CONTEXT) for x in problems])):
+                     ("teacher view, problem + reference",
+                      [privileged_problem(x, PRIVILEGED_CONTEXT) for x in problems])):
         m, _ = evaluate(p.generator, p.tokenizer, p.task, ps, p.encode, k=4, temperature=1.0, max_tokens=48,
                         verify=p.reward.check)
         print(f"{name}: mean@4 {m['eval/mean_at_k']:.3f}  greedy {m['eval/greedy_acc']:.3f}", flush=True)
@@ -79,7 +80,8 @@ def main() -> None:
         check_teacher()
         return
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
-    arms = {k: [*COMMON, *v] for k, v in {**ARMS, **{k: MORE[k] for k in (MORE if args.all_arms else args.more)}}.items()}
+    arms = {k: [*COMMON, *v]
+            for k, v in {**ARMS, **{k: MORE[k] for k in (MORE if args.all_arms else args.more)}}.items()}
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, args)
     rows = {}
     for arm, dirs in runs.items():

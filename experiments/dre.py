@@ -31,8 +31,8 @@ tokens between the first ``so X.`` whose X is the (correct) final answer and ``<
 answers; pre-emergence = tokens from ``<think>`` to that commitment. Training diagnostics (rollouts as
 generated, before editing) are logged by the dre transform, so only the dre arm has them.
 
-Budget: 3 seeds x 40 steps of each dre arm (``--steps 100``: the longer run), run one at a time with one torch thread (--jobs 1).
-``--steps 200 --arms grpo dre dre_probe_m2 --out experiments/out/dre200``: the two arms the 100-step run
+Budget: 3 seeds x 40 steps of each dre arm (``--steps 100``: the longer run), run one at a time with one torch thread
+(--jobs 1). ``--steps 200 --arms grpo dre dre_probe_m2 --out experiments/out/dre200``: the two arms the 100-step run
 recommends at twice the budget (expected, written before the runs: dre's tail of correct answers stays >= 50%
 below GRPO's, both arms stay within 2 points of GRPO's mean@4, and the length gap narrows because GRPO keeps
 shortening on its own: 61.6 -> 53.1 tokens by step 100).
@@ -103,7 +103,8 @@ def skips_a_step(r: dict) -> bool:
 
 
 def mean_of(rows: list[dict], key: str) -> float:
-    """Mean of ``key`` over the rows that log it (a step with no correct / incorrect rollout logs no tail); NaN if none."""
+    """Mean of ``key`` over the rows that log it (a step with no correct / incorrect rollout logs no tail); NaN if
+    none."""
     vals = [r[key] for r in rows if key in r]
     return statistics.fmean(vals) if vals else float("nan")
 
@@ -114,7 +115,8 @@ def per_run(run: Path, step: int | None = None) -> dict[str, float]:
     correct = [r["length"] for r in recs if r["correct"]]
     rows = [r for r in harness.metrics(run) if "perf/step_s" in r and r["step"] <= BUDGET[0]]
     t = tails(recs)
-    out = {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs),
+    out = {"mean@4": statistics.fmean(r["correct"] for r in recs),
+            "length": statistics.fmean(r["length"] for r in recs),
             "length correct": statistics.fmean(correct) if correct else 0.0, "tail correct": t["tail"],
             "pre-answer": t["pre"], "share with tail": t["tail>0"],
             "skips a step": statistics.fmean(skips_a_step(r) for r in recs),
@@ -189,7 +191,8 @@ def main() -> None:
     start = [per_run(r, 0) for r in next(iter(runs.values()))]  # step 0: the shared warm start
     base = {c: harness.agg([s[c] for s in start]) for c in ("mean@4", "length", "tail correct", "pre-answer")}
     lines = [f"# DRE on the lab: {len(args.seeds)} seeds x {args.steps or STEPS} steps\n",
-             "grpo runs: " + (", ".join(str(r.relative_to(harness.ROOT)) for r in baseline) or "(not requested)") + "\n",
+             "grpo runs: " + (", ".join(str(r.relative_to(harness.ROOT)) for r in baseline) or "(not requested)")
+             + "\n",
              "Final held-out eval (128 problems, 4 samples at T=1; tail/pre-answer over correct sampled answers); "
              "mean ± std [min, max] over seeds.\n", harness.table(rows, cols, 3),
              "\nTraining (rollouts as generated, before editing; `gen tokens` = tokens in the step's groups, edits "
@@ -199,7 +202,8 @@ def main() -> None:
     if "grpo" in rows and "dre" in rows:
         g, d = rows["grpo"], rows["dre"]
         lines.append(
-            f"- DRE vs GRPO: tail of correct answers {100 * (d['tail correct']['mean'] / max(g['tail correct']['mean'], 1e-9) - 1):+.1f}%, "
+            f"- DRE vs GRPO: tail of correct answers "
+            f"{100 * (d['tail correct']['mean'] / max(g['tail correct']['mean'], 1e-9) - 1):+.1f}%, "
             f"length {100 * (d['length']['mean'] / g['length']['mean'] - 1):+.1f}%, "
             f"mean@4 {100 * (d['mean@4']['mean'] - g['mean@4']['mean']):+.1f} points, "
             f"pre-answer tokens {d['pre-answer']['mean'] - g['pre-answer']['mean']:+.1f}")

@@ -109,7 +109,8 @@ def main() -> None:
              f"Held-out mean@4 at the warm start (step 0): {statistics.fmean(before):.3f} "
              f"(per seed {', '.join(f'{b:.3f}' for b in before)}).\n\n", harness.table(rows, cols),
              f"\nEscape (10-step mean training success ≥ {ESCAPE}): step per seed (inf = not within {steps}):\n\n"]
-    lines += [f"- {arm}: {v} — {sum(x != float('inf') for x in v)}/{len(v)} seeds escape\n" for arm, v in escapes.items()]
+    lines += [f"- {arm}: {v} — {sum(x != float('inf') for x in v)}/{len(v)} seeds escape\n"
+              for arm, v in escapes.items()]
     lines.append("\n" + curve_rows(runs, steps))
     lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
     (out_dir / "results.md").write_text("".join(lines))

@@ -99,7 +99,8 @@ def main() -> None:
              "\n## Training success on corrupted vs clean problems (fitting the noise = corrupted rising)\n\n",
              harness.table(noise, noise_cols)]
     cost = {a: {"mean@4, noise 0": rows[f"{a}_clean"]["mean_at_k"], "mean@4, noise 0.2": rows[a]["mean_at_k"],
-                "noise cost": harness.agg([harness.final_eval(c, "eval/mean_at_k") - harness.final_eval(n, "eval/mean_at_k")
+                "noise cost": harness.agg([harness.final_eval(c, "eval/mean_at_k")
+                                           - harness.final_eval(n, "eval/mean_at_k")
                                            for c, n in zip(runs[f"{a}_clean"], runs[a])])}
             for a in CLEAN_ARMS}
     lines += ["\n## Noise cost (post hoc control): clean held-out mean@4 without noise - with 20% noise, per seed\n\n",

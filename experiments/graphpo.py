@@ -158,7 +158,8 @@ def main() -> None:
     rows = {}
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "len_correct_mean"))
-        cells["sampled tokens/problem"] = harness.agg([harness.tail_mean(d, "perf/gen_tokens", 10**9) / 16 for d in dirs])
+        cells["sampled tokens/problem"] = harness.agg([harness.tail_mean(d, "perf/gen_tokens", 10**9) / 16
+                                                       for d in dirs])
         cells["train correct (last 10)"] = harness.agg([harness.tail_mean(d, "reward/correct_frac", 10) for d in dirs])
         cells["s/step"] = harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])
         if arm != "grpo":  # the builder's own per-step metrics (means over the last 10 steps)
@@ -166,8 +167,8 @@ def main() -> None:
                 cells[key] = harness.agg([harness.tail_mean(d, f"rollout/graphpo_{key}", 10) for d in dirs])
         rows[arm] = cells
     before = harness.warm_start_eval(runs)
-    cols = ["mean_at_k", "greedy_acc", "len_correct_mean", "train correct (last 10)", "sampled tokens/problem", "s/step",
-            "merge_frac", "states_per_1k", "samples"]
+    cols = ["mean_at_k", "greedy_acc", "len_correct_mean", "train correct (last 10)", "sampled tokens/problem",
+            "s/step", "merge_frac", "states_per_1k", "samples"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "perf/gen_tokens"], out_dir / "train_curves.png")]
     lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}` + each arm's overrides, seeds {args.seeds}, 40 steps; held-out "

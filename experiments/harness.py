@@ -54,7 +54,8 @@ def run_one(recipe: str, overrides: list[str], out_dir: Path, name: str, log: Pa
     return run
 
 
-def run_arms(experiment: str, recipe: str, arms: dict[str, list[str]], args: argparse.Namespace) -> dict[str, list[Path]]:
+def run_arms(experiment: str, recipe: str, arms: dict[str, list[str]],
+             args: argparse.Namespace) -> dict[str, list[Path]]:
     """Run every arm for every seed (skipping runs already finished); returns arm -> run dirs."""
     out_dir = Path(args.out) if args.out else OUT / experiment
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -234,7 +235,8 @@ def curves(runs: dict[str, list[Path]], key: str, x: str = "step") -> dict[str, 
             rows = [r for r in metrics(d) if key in r]
             xs_by_step = {r["step"]: r.get(x, r["step"]) for r in metrics(d) if x == "step" or x in r}
             xs_by_step.setdefault(0, 0.0)
-            per_seed.append([(xs_by_step.get(r["step"], r["step"]) if x != "step" else r["step"], r[key]) for r in rows])
+            per_seed.append([(xs_by_step.get(r["step"], r["step"]) if x != "step" else r["step"], r[key])
+                             for r in rows])
         n = min(len(s) for s in per_seed)
         xs = [statistics.fmean(s[i][0] for s in per_seed) for i in range(n)]
         ys = [statistics.fmean(s[i][1] for s in per_seed) for i in range(n)]

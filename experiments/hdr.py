@@ -55,8 +55,8 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      by themselves). tau is not swept
      again: 1e-3 is what phase 1's pre-registered rule picked (it reads steps 16-30 only). The whole-run latency
      phase 5 is not repeated at 150 steps (9 runs of 150 steps at 8-13 s a step with the sleep: about 4
-     single-lane hours); the with-latency wall-clock at 150 steps is DERIVED by the additive model phases 3 and 5 measured
-     (phase 7, added after these runs, then measured it for grpo24 and hdr).
+     single-lane hours); the with-latency wall-clock at 150 steps is DERIVED by the additive model phases 3 and 5
+     measured (phase 7, added after these runs, then measured it for grpo24 and hdr).
      Expectations, written before the runs: every arm keeps learning past step 30 and is still rising at 150
      (the qlpo experiment's GRPO arm on this task, 16 prompts x G = 8: 0.634 / 0.782 / 0.853 held-out mean@4 at
      steps 40 / 100 / 140, 0.900 at 200); at equal generated tokens HDR >= grpo16 and >= fifo / random, by about a
@@ -75,15 +75,16 @@ Phases (every run is cached by its directory; rerunning only re-aggregates):
      and an hdr run share the machine most of the time (one single-thread run per core, about two thirds of
      each step asleep). Expectations, written before the runs: (a) the sleep changes nothing that is learned,
      so every eval (steps 30, 60, .., 150) and token count equals the phase-6 run of the same arm and seed
-     (finals 0.898 +- 0.014 and 0.885 +- 0.024); (b) HDR's whole run is 15-25% shorter than grpo24's (phase 6 DERIVED -22%, and phase 3
-     measured 2-10% less extra time than the additive model), and HDR reaches grpo24's final mean@4 in the
-     2 seeds it does in phase 6, at about 0.7-0.8x grpo24's wall-clock (DERIVED 0.73x, from 10-step evals).
+     (finals 0.898 +- 0.014 and 0.885 +- 0.024); (b) HDR's whole run is 15-25% shorter than grpo24's
+     (phase 6 DERIVED -22%, and phase 3 measured 2-10% less extra time than the additive model), and HDR reaches
+     grpo24's final mean@4 in the 2 seeds it does in phase 6, at about 0.7-0.8x grpo24's wall-clock (DERIVED 0.73x,
+     from 10-step evals).
 
 The step-0 held-out eval is run once per seed (arm grpo16): every arm of a seed starts from the same warm
 start and the eval sampler is seeded by the run seed only, so the other arms' step-0 evals would be identical.
 
-Budget (phases 1-3): 15 x 30 RL steps (phase 2) + 3 x 30 (phase 1, already run) + 3 x 6 (phase 3) plus 3 + 15 x 3 held-out
-evals, one torch thread per run: about 60 single-thread-lane minutes.
+Budget (phases 1-3): 15 x 30 RL steps (phase 2) + 3 x 30 (phase 1, already run) + 3 x 6 (phase 3) plus 3 + 15 x 3
+held-out evals, one torch thread per run: about 60 single-thread-lane minutes.
 
 Usage: PYTHONPATH=src python experiments/hdr.py --jobs 1 [--seeds 0 1 2] [--report-only] [--steps N] [--tau T]
        [--phase all|main|latency|extend|report|latency_full] [--arms grpo16 ..]
@@ -250,7 +251,8 @@ def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
     steps = {a: args.steps for a in arms(tau)} if args.steps else FULL_STEPS  # phase 7: every arm args.steps
     keep = args.arms or list(FULL_STEPS)
     if "grpo24" not in keep:
-        raise SystemExit(f"--phase latency_full: --arms {' '.join(keep)} lacks grpo24, whose final mean@4 is the target")
+        raise SystemExit(f"--phase latency_full: --arms {' '.join(keep)} lacks grpo24, "
+                         "whose final mean@4 is the target")
     every = LONG_EVAL_EVERY if args.steps else FULL_EVAL_EVERY
     extra = [*COMMON, f"model.path={warm_start_dir()}", f"task.env_latency_s={LATENCY_S}", f"eval.every={every}"]
     todo = {f"latfull_{a}": [*extra, f"trainer.steps={steps[a]}", *arms(tau)[a]] for a in keep}
@@ -281,14 +283,18 @@ def latency_full(args: argparse.Namespace, tau: float, out_dir: Path) -> str:
         cells = []
         for x in ("perf/wall_s_total", "perf/gen_tokens_total"):
             got = [r for r in (harness.first_reach(eval_curve(d, key, x), target) for d in dirs) if r is not None]
-            cells.append((f"{harness.fmt(harness.agg(got), 0)} ({statistics.fmean(got) / ref[x]:.2f}x)") if got else "-")
+            cells.append((f"{harness.fmt(harness.agg(got), 0)} ({statistics.fmean(got) / ref[x]:.2f}x)")
+                         if got else "-")
         compute = " / ".join(f"{w - z:.0f}" for w, z in zip(walls, sleeps))
         lines.append(f"| {name} | {steps[name]} | {harness.fmt(fin)} | {harness.fmt(harness.agg(walls), 0)} | "
-                     f"{harness.fmt(harness.agg(sleeps), 0)} | {compute} | {harness.fmt(toks, 0)} | {n_got}/{len(dirs)} | "
+                     f"{harness.fmt(harness.agg(sleeps), 0)} | {compute} | {harness.fmt(toks, 0)} | "
+                     f"{n_got}/{len(dirs)} | "
                      + " | ".join(cells) + " |")
-    lines += ["", "Per seed: held-out mean@4 at each eval, the measured wall-clock against grpo24's run of the same seed, "
+    lines += ["",
+              "Per seed: held-out mean@4 at each eval, the measured wall-clock against grpo24's run of the same seed, "
               "and (post-hoc, not pre-registered) the redundant `chk` re-checks per sampled answer and the length at "
-              "the first and last eval.\n", "| run | mean@4 at each eval | wall-clock s (vs grpo24) | `chk` per answer, "
+              "the first and last eval.\n",
+              "| run | mean@4 at each eval | wall-clock s (vs grpo24) | `chk` per answer, "
               "first / last eval | length, first / last eval |", "|---|---|---|---|---|"]
     ref_wall = {d.name.rsplit("-", 1)[1]: rows(d)[-1]["perf/wall_s_total"] for d in runs["latfull_grpo24"]}
     for dirs in runs.values():
@@ -485,7 +491,8 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
     curve_lines = ["| arm | " + " | ".join(f"step {e}" for e in evals) + " |", "|---|" + "---|" * len(evals)]
     for arm, dirs in runs.items():
         pts = [dict(eval_curve(d, key, "step")) for d in dirs]
-        curve_lines.append(f"| {arm} | " + " | ".join(f"{statistics.fmean(p[e] for p in pts):.3f}" for e in evals) + " |")
+        curve_lines.append(f"| {arm} | " + " | ".join(f"{statistics.fmean(p[e] for p in pts):.3f}" for e in evals)
+                           + " |")
     md = (f"# HDR experiment (tau = {tau:g})\n\nSeeds {seeds}, {rows(runs['hdr'][0])[-1]['step']} steps, "
           f"held-out eval every {EVAL_EVERY} steps (128 problems, mean@4 at T=1 and greedy).\n\n"
           "## tau sweep (seed 100, training diagnostics only)\n\n" + sweep_md +
@@ -496,12 +503,14 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
           f"\n## Cost to reach the grpo24 final mean@4 ({target:.3f}, interpolated between evals)"
           " (x: mean over the seeds that reach it, relative to grpo24's mean total)\n\n"
           "| arm | seeds (tokens) | generated tokens | seeds (wall) | wall-clock s, no latency | seeds (lat) | "
-          f"wall-clock s with {LAT_MS} ms/rollout (DERIVED) |\n|---|---|---|---|---|---|---|\n" + "\n".join(reach_lines) +
+          f"wall-clock s with {LAT_MS} ms/rollout (DERIVED) |\n|---|---|---|---|---|---|---|\n"
+          + "\n".join(reach_lines) +
           f"\n\n## HDR acceptance by group age at scan time (whole runs)\n\n{age_line}; overall "
           f"{harness.fmt(harness.agg([a['all'] for a in accept]), 2)}\n\n"
           "## Replay diagnostics (per-step means over steps 6-end, then over seeds)\n\n"
           + "\n".join(harness.table({arm: diag[arm]}, list(diag[arm])) for arm in diag) +
-          f"\n## Latency validation run (seed 0, {LAT_MS} ms per verified rollout, measured)\n\n" + "\n".join(lat_lines) + "\n")
+          f"\n## Latency validation run (seed 0, {LAT_MS} ms per verified rollout, measured)\n\n"
+          + "\n".join(lat_lines) + "\n")
     (out_dir / "results.md").write_text(md)
     (out_dir / "results.json").write_text(json.dumps({"tau": tau, "accuracy": acc, "cost": cost, "diag": diag,
                                                       "accept": accept, "target": target,

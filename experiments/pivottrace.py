@@ -70,9 +70,9 @@ CALIB_POOL, CALIB_SAMPLES = 256, 16
 
 def calibration_probes(overrides: list[str]):
     """For each attention scorer (js, lookback): (scorer, selector, probes, per-problem error rate, pivot density,
-    mean entropy, majority wrong, the run's tokenizer) over CALIB_POOL pool problems x CALIB_SAMPLES probe traces from the warm start of
-    RECIPE + ``overrides``, in-process. Both scorers see the same traces (the probe's generator seed depends only on
-    (seed, step, stage)); experiments/pivottrace_premise.py uses it too."""
+    mean entropy, majority wrong, the run's tokenizer) over CALIB_POOL pool problems x CALIB_SAMPLES probe traces from
+    the warm start of RECIPE + ``overrides``, in-process. Both scorers see the same traces (the probe's generator seed
+    depends only on (seed, step, stage)); experiments/pivottrace_premise.py uses it too."""
     import dataclasses
 
     from groupwise.config import load
@@ -192,7 +192,8 @@ def main() -> None:
     if missing:
         lines.append(f"\nNot reported (runs not finished for every seed): {', '.join(missing)}.\n")
     if calib:
-        lines.append("\n## Calibration at the warm start (premise check)\n\n```\n" + json.dumps(calib, indent=1) + "\n```\n")
+        lines.append("\n## Calibration at the warm start (premise check)\n\n```\n" + json.dumps(calib, indent=1)
+                     + "\n```\n")
     lines += [f"\n![{p.stem}]({p.name})\n" for p in plots]
     (out_dir / "results.md").write_text("".join(lines))
     print("".join(lines))

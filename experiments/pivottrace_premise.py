@@ -137,7 +137,8 @@ def main() -> None:
              + "; ".join(f"`{s}`: {' '.join(SETTINGS[s])} (cue `{CUES[s]}`)" for s in args.settings)
              + f". {CALIB_POOL} pool problems x {CALIB_SAMPLES} probe traces from the warm start, seeds {args.seeds}; "
              f"cells: mean ± std [min, max] over seeds. Lift: share of pivots within ±{WINDOW} tokens of a cue token "
-             f"over the share of all completion positions that are (traces with a cue only); cue_recall: share of the traces with a cue that have a pivot within ±{WINDOW} tokens of one.\n\n",
+             f"over the share of all completion positions that are (traces with a cue only); cue_recall: share of the "
+             f"traces with a cue that have a pivot within ±{WINDOW} tokens of one.\n\n",
              "| metric | " + " | ".join(args.settings) + " |\n", "|---|" + "---|" * len(args.settings) + "\n"]
     for k in KEYS:
         lines.append(f"| {k} | " + " | ".join(harness.fmt(rows[s][k], 3) if k in rows[s] else "n/a"

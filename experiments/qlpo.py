@@ -223,7 +223,8 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int) -> str:
           "## Contrasts (differences of seed means at step " + str(step) + ")\n\n" + contrasts(cells) +
           "\n## Held-out curves (seed-mean mean@4 / length)\n\n" + curve_table(runs, step) +
           "\n## Quadrant shares of the pool (before) and of the kept group (after), means over seeds of per-step "
-          "values averaged over the first and the last 10 steps\n\n" + quadrant_table(runs, step) + "\nPlots: `eval_curves.png` (held-out accuracy and length), `training.png`, "
+          "values averaged over the first and the last 10 steps\n\n" + quadrant_table(runs, step) +
+          "\nPlots: `eval_curves.png` (held-out accuracy and length), `training.png`, "
           "`quadrants.png`.\n")
     (out_dir / "results.md").write_text(md)
     (out_dir / "results.json").write_text(json.dumps(cells, indent=1))

@@ -17,8 +17,8 @@ tried first and dropped: the warm start then could not add, 9% accuracy, and GRP
 OPSD's teacher is the frozen initial policy shown the clean reference (as in experiments/dash_opsd.py);
 RLCSD's positive hint is a correct sibling, its negatives wrong siblings, in the same template. 16 prompts x 8
 samples, 48 tokens, lr 1e-4 for every arm, 200 steps (cut from the spec's 500 to fit the session's two lanes
-beside the other experiments; the curves show whether they flattened), eval every 50 steps on 128 held-out problems with k = 8.
-The length criterion: mean train completion length of the last 10 steps against the first 10, and the largest
+beside the other experiments; the curves show whether they flattened), eval every 50 steps on 128 held-out problems with
+k = 8. The length criterion: mean train completion length of the last 10 steps against the first 10, and the largest
 deviation of any 10-step window from the first 10 (the spec's "stays within").
 
     PYTHONPATH=src python experiments/rlcsd.py --jobs 2              # grpo, opsd, rlcsd
@@ -99,14 +99,16 @@ def main() -> None:
         cells.update(harness.cost_cells(dirs))
         rows[arm] = cells
     before = harness.warm_start_eval(runs)
-    cols = ["mean_at_k", "greedy_acc", "len_mean", "train len drift", "max len drift", "train_correct(tail20)", "fillers (first 10)",
-            "fillers (last 10)", "targets", "hint rows/step", "forwards/step", "s/step"]
+    cols = ["mean_at_k", "greedy_acc", "len_mean", "train len drift", "max len drift", "train_correct(tail20)",
+            "fillers (first 10)", "fillers (last 10)", "targets", "hint rows/step", "forwards/step", "s/step"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/len_mean"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/completion_len_mean"],
                                  out_dir / "train_curves.png")]
-    lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1), greedy and "
+    lines = [f"# {EXPERIMENT}\n\n",
+             f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1), greedy and "
              f"length on 128 problems; warm start Mean@8 {harness.fmt(before)}. 'train len drift': mean completion "
-             "length of the last 10 steps over the first 10, minus 1; 'max len drift': the largest |window / first 10 − 1| "
+             "length of the last 10 steps over the first 10, minus 1; "
+             "'max len drift': the largest |window / first 10 − 1| "
              "over 10-step windows (the spec's 'stays within ±15%'); 'fillers': share of the recorded rollouts with a "
              "filler word over the first / last 10 recorded steps.\n\n", harness.table(rows, cols),
              "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]

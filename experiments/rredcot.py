@@ -18,9 +18,9 @@ train correctness reaches 0.6 / 0.7 / 0.8 (inf: never within the budget).
     PYTHONPATH=src python experiments/rredcot.py --check-credit        # credit localisation at the warm start
 
 The credit-localisation check (spec §11), on the warm start before any training: sample rollouts of train
-problems, keep the failed ones with at least two segments whose first wrong step can be read off the trace (the first step whose written
-result differs from the true running value; the commitment segment when every step is right), and report how
-often the most negative δ_k falls on that step's segment against the chance rate 1/K, plus the Spearman
+problems, keep the failed ones with at least two segments whose first wrong step can be read off the trace (the first
+step whose written result differs from the true running value; the commitment segment when every step is right), and
+report how often the most negative δ_k falls on that step's segment against the chance rate 1/K, plus the Spearman
 correlation between V̂(s_k) and a Monte-Carlo estimate (16 sampled continuations from each boundary).
 """
 
@@ -145,11 +145,14 @@ def main() -> None:
             "no correct rollout from step", "forwards/step", "s/step", "value rows/step (steps 1-20)",
             "s/step (steps 1-20)"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
-             harness.plot_curves(runs, ["reward/correct_frac", "rollout/completion_len_mean"], out_dir / "train_curves.png")]
-    lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
+             harness.plot_curves(runs, ["reward/correct_frac", "rollout/completion_len_mean"],
+                                 out_dir / "train_curves.png")]
+    lines = [f"# {EXPERIMENT}\n\n",
+             f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
              f"128 problems; warm start Mean@8 {harness.fmt(before)}. 'steps to x': first step whose trailing 20-step "
              "train correctness reaches x. 'forwards/step': the update's policy passes; 'value rows/step': the rows "
-             "of RREDCoT's extra teacher-forced pass (batched 64 rows to a pass), no generation.\n\n", harness.table(rows, cols),
+             "of RREDCoT's extra teacher-forced pass (batched 64 rows to a pass), no generation.\n\n",
+             harness.table(rows, cols),
              "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
     harness.write_report(out_dir, lines, plots)
 

@@ -96,7 +96,8 @@ def latency_phase(args) -> list[str]:
                      "accept rate": mean(lambda r: r.get("replay/accept_rate", 0.0))}
     head = "| arm | " + " | ".join(next(iter(rows.values()))) + " |\n|---|" + "---|" * len(next(iter(rows.values())))
     body = "".join(f"| {a} | " + " | ".join(f"{v:.2f}" for v in r.values()) + " |\n" for a, r in rows.items())
-    return [f"## latency: {LATENCY_S * 1000:.0f} ms per search, seed 0, {LATENCY_STEPS} steps (means over the steps)\n\n",
+    return [f"## latency: {LATENCY_S * 1000:.0f} ms per search, seed 0, {LATENCY_STEPS} steps "
+            "(means over the steps)\n\n",
             head + "\n" + body]
 
 
@@ -123,7 +124,8 @@ def latency_full_phase(args) -> list[str]:
                  harness.fmt(harness.agg([m[-1]["perf/wall_s_total"] for m in ms]), 0),
                  harness.fmt(harness.agg([statistics.fmean(r["perf/step_s"] - r["perf/rollout_s"] - r["perf/update_s"]
                                                            for r in m) for m in ms]), 2),
-                 harness.fmt(harness.agg([sum(r["rollout/tool_calls"] * r["rollout/samples"] for r in m) for m in ms]), 0),
+                 harness.fmt(harness.agg([sum(r["rollout/tool_calls"] * r["rollout/samples"] for r in m)
+                                          for m in ms]), 0),
                  harness.fmt(harness.agg([m[-1]["perf/gen_tokens_total"] for m in ms]), 0)]
         reach = {x: [harness.first_reach(harness.eval_points(d, key, x), target) for d in dirs] for x in ref}
         cells.append(f"{sum(r is not None for r in reach['perf/wall_s_total'])}/{len(dirs)}")

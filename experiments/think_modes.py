@@ -106,7 +106,8 @@ def per_run(run: Path) -> dict[str, float]:
     sh = shares(recs)
     out = {"mean@4": statistics.fmean(r["correct"] for r in recs),
            "mean@4 capped": statistics.fmean(r["correct"] and within_cap(r) for r in recs),
-           "greedy": eval_metric(run, "eval/greedy_acc", final_step(run)), "length": statistics.fmean(r["length"] for r in recs),
+           "greedy": eval_metric(run, "eval/greedy_acc", final_step(run)),
+           "length": statistics.fmean(r["length"] for r in recs),
            "mode entropy": entropy(sh), **{f"share {m}": sh[m] for m in (*MODES, "invalid")}}
     return out
 
@@ -138,7 +139,8 @@ def by_mode(runs: list[Path]) -> dict[str, dict[str, float]]:
 def share_curves(runs: list[Path]) -> tuple[list[int], dict[str, list[float]]]:
     """Held-out mode shares at every eval step, mean over seeds."""
     steps = [s for s in eval_steps(runs[0]) if s <= BUDGET[0]]
-    curves = {m: [statistics.fmean(shares(harness.eval_samples(run, s))[m] for run in runs) for s in steps] for m in MODES}
+    curves = {m: [statistics.fmean(shares(harness.eval_samples(run, s))[m] for run in runs) for s in steps]
+              for m in MODES}
     return steps, curves
 
 
@@ -210,7 +212,8 @@ def main() -> None:
     lines.append(f"- ln 3 = {math.log(3):.3f}; pass threshold 0.8·ln 3 = {0.8 * math.log(3):.3f}\n")
     for arm in ("think_modes", "grpo", "grpo_lg"):
         lines.append(f"\n## {arm}: final eval by #operations (pooled over seeds)\n")
-        lines.append("| ops | share <NT> | share <SH> | share <LG> | invalid | mean@4 | length |\n|---|---|---|---|---|---|---|")
+        lines.append("| ops | share <NT> | share <SH> | share <LG> | invalid | mean@4 | length |\n"
+                     "|---|---|---|---|---|---|---|")
         for d, v in by_difficulty(runs[arm]).items():
             lines.append(f"| {d} | {v['<NT>']:.3f} | {v['<SH>']:.3f} | {v['<LG>']:.3f} | {v['invalid']:.3f} | "
                          f"{v['acc']:.3f} | {v['len']:.1f} |")
@@ -233,7 +236,8 @@ def main() -> None:
 
 def per_run_before(run: Path) -> dict[str, float]:
     recs = harness.eval_samples(run, 0)
-    return {"mean@4": statistics.fmean(r["correct"] for r in recs), "length": statistics.fmean(r["length"] for r in recs)}
+    return {"mean@4": statistics.fmean(r["correct"] for r in recs),
+            "length": statistics.fmean(r["length"] for r in recs)}
 
 
 if __name__ == "__main__":

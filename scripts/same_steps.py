@@ -6,8 +6,8 @@
 Each recipe runs ``--steps`` RL steps (default 3) through ``groupwise.train`` with no eval, no checkpoint but
 the last, one torch thread and shrunk batches (``--small``, default on: 4 prompts × the recipe's group size,
 so the whole set runs in minutes on 2 cores), and every step's metrics are kept except the wall-clock ones
-(``perf/*``, ``*_s``, ``*/seconds``, ``time``). Metrics that exist on one side only are listed but not failed on (a refactor may add
-a metric; ``--strict`` fails on them too). Recipes that need what this machine lacks (vLLM, a GPU, Ray,
+(``perf/*``, ``*_s``, ``*/seconds``, ``time``). Metrics that exist on one side only are listed but not failed on (a
+refactor may add a metric; ``--strict`` fails on them too). Recipes that need what this machine lacks (vLLM, a GPU, Ray,
 Flower, a model that is not on disk) are skipped with the reason; the list of skips is printed.
 
 ``tests/e2e/test_same_steps.py`` runs the check on a few recipes against goldens written by this script

@@ -94,7 +94,8 @@ def test_built_parts_satisfy_their_protocol_and_declared_abilities(recipe, monke
             continue
         assert isinstance(part.obj, reg.protocol), f"{part.key}: not a {reg.protocol.__name__}"
         has_state = hasattr(part.obj, "state_dict") and hasattr(part.obj, "load_state_dict")
-        assert part.entry.stateful == has_state, f"{part.key}: stateful={part.entry.stateful} but state_dict {has_state}"
+        assert part.entry.stateful == has_state, \
+            f"{part.key}: stateful={part.entry.stateful} but state_dict {has_state}"
         assert part.entry.reports == hasattr(part.obj, "metrics"), f"{part.key}: reports={part.entry.reports}"
     for bound, kind in [(p.advantage, "advantage"), *[(t, "advantage transform") for t in p.advantage_transforms],
                         *[(c, "credit") for c in p.credit], *[(t.fn, "loss") for t in p.learner.terms]]:

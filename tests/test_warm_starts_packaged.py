@@ -21,7 +21,8 @@ RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 
 def key(cfg):
     task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
-    return f"{cfg.model.path.split(':', 1)[1]}-{warm_start.warm_start_key(cfg.model.path.split(':', 1)[1], task, cfg.model)}"
+    return (f"{cfg.model.path.split(':', 1)[1]}-"
+            f"{warm_start.warm_start_key(cfg.model.path.split(':', 1)[1], task, cfg.model)}")
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -31,7 +32,8 @@ def test_the_recipes_warm_start_is_packaged(recipe, monkeypatch):
     if not (cfg.model.path.startswith("embedded:") and cfg.model.warm_start and cfg.model.warm_start_steps):
         pytest.skip("no warm start")
     d = warm_start.packaged_root() / key(cfg)
-    assert (d / "model.safetensors").is_file(), f"{d.name} is not packaged: python -m groupwise.models.warm_start {recipe}"
+    assert (d / "model.safetensors").is_file(), \
+        f"{d.name} is not packaged: python -m groupwise.models.warm_start {recipe}"
     meta = json.loads((d / "warm_start.json").read_text())
     assert meta["steps"] == cfg.model.warm_start_steps
 

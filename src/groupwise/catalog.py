@@ -69,7 +69,8 @@ def support(entry: Any) -> dict[str, str]:
     """One member's row of the support matrix (docs/methods.md): ``yes``, ``driver`` (runs in the training
     process, whatever the engine) or ``no: <reason>`` (refused at load), for the vLLM generator and for Ray
     rollout workers. With vLLM every stage but the generator is unchanged: they reach generation only through the
-    ``Generator`` interface, which the vLLM lane runs every lab recipe through (tests/vllm_lane/test_vllm_methods.py)."""
+    ``Generator`` interface, which the vLLM lane runs every lab recipe through
+    (tests/vllm_lane/test_vllm_methods.py)."""
     if entry.kind == "driver":  # a driver lists what it refuses on its config class (and its check() refuses it)
         refused = getattr(entry.config, "REFUSES", {})
         return {k: f"no: {refused[k]}" if k in refused else "yes" for k in ("vllm", "ray")}

@@ -9,16 +9,17 @@ it. Every member of one registry has the same form, and there are two forms, dec
            binds its config, so the bound component is ``fn(<input>)``.
 
 ``Entry.build(cfg, env)`` is the one way every member of every kind is built; the result satisfies the
-kind's Protocol (``Registry.protocol``). Optional abilities are declared when a member is registered, never
-probed: ``stateful`` (``state_dict()`` / ``load_state_dict()``, checkpointed), ``reports`` (``metrics() ->
+kind's Protocol (``Registry.protocol``). Optional abilities are declared when a member is registered:
+``stateful`` (``state_dict()`` / ``load_state_dict()``, checkpointed), ``reports`` (``metrics() ->
 dict[str, float]``, merged into each step's metrics), ``driver_only`` (it must run in the training process:
 never in a Ray rollout worker), for generators ``logprobs`` (its completions carry the sampler's own
 log-probs; false for a scripted one, which the importance-sampling correction refuses), ``snapshot`` (it
 can be built on a frozen copy of the weights: asynchronous rollouts) and ``own_weights`` (its engine holds a
-copy of the weights that ``sync_weights`` reloads: asynchronous rollouts load each snapshot into it), ``provides`` / ``requires`` / ``conflicts``
-(abilities, plain strings, that members give each other: ``config.check`` refuses a recipe whose selected
-components require an ability none provides, so no component checks another by name), and for loss terms
-``needs`` (inputs the update must compute, e.g. ``"ref"``, ``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
+copy of the weights that ``sync_weights`` reloads: asynchronous rollouts load each snapshot into it),
+``provides`` / ``requires`` / ``conflicts`` (abilities, plain strings, that members give each other:
+``config.check`` refuses a recipe whose selected components require an ability none provides, so no component
+checks another by name), and for loss terms ``needs`` (inputs the update must compute, e.g. ``"ref"``,
+``"teacher"``) and ``advantage_only`` (loss and gradient vanish where A = 0, so the update may skip such
 rows). Unknown names fail with the valid names and the closest match.
 
 Members are found without importing them: ``source_index()`` reads groupwise's own source files for

@@ -7,12 +7,12 @@ loss weights are 0, or every active loss term is ``advantage_only`` and its adva
 zero-variance groups are often half the batch). Skipped rows still count in the step's denominators, so the
 update is identical, minus their passes (``optim.skip_inert_rows: false`` runs them anyway, to measure that).
 ``old_logprobs`` cost no forward pass: on-policy rows use the current policy's detached log-probs from the
-first epoch's forward (the weights have not moved yet, so ρ = 1 exactly); rows that carry stored behaviour log-probs (replay) use those. The reference model runs only when a
-``needs=("ref",)`` term has non-zero weight, the teacher only when a ``needs=("teacher*",)`` term does (its
-outputs are computed in the first epoch and reused by later ones: the teacher's weights at the step's start).
-Every term's per-token loss is multiplied by ``TokenBatch.loss_weights`` before reduction, and, with
-``loss.importance_sampling``, by the sampler-trainer importance weight (``losses/mismatch.py``: from the
-``old_logprobs`` above and the generator's ``rollout_logprobs``, no extra pass); the mismatch metrics
+first epoch's forward (the weights have not moved yet, so ρ = 1 exactly); rows that carry stored behaviour log-probs
+(replay) use those. The reference model runs only when a ``needs=("ref",)`` term has non-zero weight, the teacher only
+when a ``needs=("teacher*",)`` term does (its outputs are computed in the first epoch and reused by later ones: the
+teacher's weights at the step's start). Every term's per-token loss is multiplied by ``TokenBatch.loss_weights`` before
+reduction, and, with ``loss.importance_sampling``, by the sampler-trainer importance weight (``losses/mismatch.py``:
+from the ``old_logprobs`` above and the generator's ``rollout_logprobs``, no extra pass); the mismatch metrics
 (``mismatch/*``) are logged whenever the rows carry the generator's log-probs.
 
 Non-finite values never reach the weights: a non-finite gradient norm skips the optimizer step, and a step
@@ -321,7 +321,8 @@ class Learner:
         if data_parallel()[1] > 1 and not self.sharded:  # FSDP has reduce-scattered them in the backward
             all_reduce_grads([p for p in self.policy.parameters() if p.requires_grad])
         clip = self.settings.optim.grad_clip
-        grad_norm = fsdp.full(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), clip if clip > 0 else float("inf")))
+        grad_norm = fsdp.full(torch.nn.utils.clip_grad_norm_(self.policy.parameters(),
+                                                             clip if clip > 0 else float("inf")))
         outcome = "skipped"
         if bool(torch.isfinite(grad_norm)):
             outcome = "restored" if self._guarded_step() else "stepped"

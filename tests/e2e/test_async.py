@@ -23,7 +23,8 @@ RECIPE = str(Path(__file__).parents[2] / "recipes" / "grpo_lab.yaml")
 ARGS = ["trainer.steps=3", "trainer.save_every=0", "trainer.threads=1", "trainer.progress=false",
         "trainer.sinks=[jsonl]", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "rollout.max_completion_tokens=24", "model.warm_start_steps=40", "eval.before=false", "eval.after=false",
-        "task.p_wrap_slip=0.5", "reward.terms=[{name: length_penalty, max_length: 24}]"]  # lengths vary: every step trains
+        # lengths vary: every step trains
+        "task.p_wrap_slip=0.5", "reward.terms=[{name: length_penalty, max_length: 24}]"]
 GOLDEN = Path(__file__).with_name("golden_sync_loop.json")
 """The metrics of ``ARGS`` (name=g) written by the loop before asynchronous rollouts existed (commit cc826ec)."""
 STALENESS = ("rollout/staleness_mean", "rollout/staleness_max")

@@ -32,9 +32,10 @@ def test_train_eval_and_reload_a_local_model_dir(make, tmp_path, capsys):
     make(tok).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     cfg = load("recipes/grpo_lab.yaml", [f"model.path={model_dir}", f"out_dir={tmp_path}", "trainer.steps=2",
-                                         "trainer.progress=false", "trainer.sinks=[jsonl]", "rollout.prompts_per_step=2",
-                                         "rollout.group_size=4", "rollout.max_completion_tokens=12",
-                                         "eval.n_problems=4", "eval.k=2", "reward.terms=[{name: length_penalty, max_length: 12}]",
+                                         "trainer.progress=false", "trainer.sinks=[jsonl]",
+                                         "rollout.prompts_per_step=2", "rollout.group_size=4",
+                                         "rollout.max_completion_tokens=12", "eval.n_problems=4", "eval.k=2",
+                                         "reward.terms=[{name: length_penalty, max_length: 12}]",
                                          # random models rarely emit EOS: stop strings make lengths (and rewards) vary
                                          "rollout.stop=[\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]"])
     result = train(cfg)

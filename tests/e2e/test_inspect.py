@@ -145,7 +145,8 @@ def test_two_run_report(runs, tmp_path):
     assert main(["inspect", str(a), str(b), str(a), "--out", str(report)]) == 2
     evals = [[json.loads(x) for x in (r / "eval" / "step_2.jsonl").read_text().splitlines()] for r in (a, b)]
     greedy = [{r["id"]: r["correct"] for r in ev if r["greedy"]} for ev in evals]
-    sampled = [{i: sum(r["correct"] for r in ev if not r["greedy"] and r["id"] == i) for i in g} for ev, g in zip(evals, greedy)]
+    sampled = [{i: sum(r["correct"] for r in ev if not r["greedy"] and r["id"] == i) for i in g}
+               for ev, g in zip(evals, greedy)]
     differ = sorted(i for i in greedy[0] if greedy[0][i] != greedy[1][i] or sampled[0][i] != sampled[1][i])
     assert differ  # the fixture flipped one verdict
     with playwright() as pw:

@@ -13,7 +13,8 @@ import pytest
 ARGS = ["trainer.steps=6", "trainer.save_every=3", "trainer.threads=1", "trainer.progress=false",
         "trainer.sinks=[jsonl]", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "rollout.max_completion_tokens=24", "model.warm_start_steps=40", "eval.before=false", "eval.after=false",
-        "task.p_wrap_slip=0.5", "reward.terms=[{name: length_penalty, max_length: 24}]"]  # lengths vary, so every step trains
+        # lengths vary, so every step trains
+        "task.p_wrap_slip=0.5", "reward.terms=[{name: length_penalty, max_length: 24}]"]
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "grpo_lab.yaml")
 
 
@@ -37,7 +38,8 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, extra):
     src = str(Path(__file__).parents[2] / "src")
     env = {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "0",
            "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    ref = subprocess.run(cli(f"out_dir={tmp_path}/a", *extra, env=env), env=env, capture_output=True, text=True, timeout=600)
+    ref = subprocess.run(cli(f"out_dir={tmp_path}/a", *extra, env=env), env=env, capture_output=True, text=True,
+                         timeout=600)
     assert ref.returncode == 0, ref.stderr[-2000:]
 
     proc = subprocess.Popen(cli(f"out_dir={tmp_path}/b", *extra, env=env), env=env, stdout=subprocess.DEVNULL,
@@ -52,8 +54,8 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, extra):
     rows_before = training_rows(tmp_path / "b" / "grpo_lab")
     assert 3 <= len(rows_before) < 6
 
-    res = subprocess.run(cli(f"out_dir={tmp_path}/b", *extra, "--resume", env=env), env=env, capture_output=True, text=True,
-                         timeout=600)
+    res = subprocess.run(cli(f"out_dir={tmp_path}/b", *extra, "--resume", env=env), env=env, capture_output=True,
+                         text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     a, b = training_rows(tmp_path / "a" / "grpo_lab"), training_rows(tmp_path / "b" / "grpo_lab")
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
@@ -72,7 +74,8 @@ def test_resume_with_other_settings_is_refused_but_a_longer_run_is_not(tmp_path,
     base = [a for a in ARGS if not a.startswith(("trainer.steps", "model.warm_start_steps"))]
     base += [f"out_dir={tmp_path}", "model.warm_start_steps=5"]
     train(load(RECIPE, [*base, "trainer.steps=1"]))
-    with pytest.raises(ConfigError, match=r"--resume with settings that differ .*: seed, optim.lr; resume with the same"):
+    with pytest.raises(ConfigError,
+                       match=r"--resume with settings that differ .*: seed, optim.lr; resume with the same"):
         train(load(RECIPE, [*base, "trainer.steps=1", "seed=5", "optim.lr=2e-4"]), resume=True)
     out = train(load(RECIPE, [*base, "trainer.steps=2", "eval.n_problems=4"]), resume=True)  # longer: allowed
     assert "last" in out

@@ -26,6 +26,7 @@ def test_first_steps_are_bit_identical_to_the_golden(recipe, monkeypatch, tmp_pa
 def test_the_comparison_sees_a_changed_bit():
     row = GOLDEN["grpo_lab.yaml"][0]
     bent = {**row, "loss/total": row["loss/total"] + 1e-12}
-    assert compare([row], [bent], strict=False) == [f"step 1: loss/total {row['loss/total']!r} -> {bent['loss/total']!r}"]
+    want = f"step 1: loss/total {row['loss/total']!r} -> {bent['loss/total']!r}"
+    assert compare([row], [bent], strict=False) == [want]
     assert compare([row], [{**row, "new/metric": 1.0}], strict=False) == []
     assert compare([row], [{**row, "new/metric": 1.0}], strict=True) == ["step 1: new/metric only after"]

@@ -27,10 +27,11 @@ TEXTS = ["So the answer is \\boxed{12}.", "It is \\boxed{13}.", "no box here"]
 def test_trl_accuracy_reward_runs_unchanged_with_its_dataset_columns():
     from trl.rewards import accuracy_reward
 
-    cfg = JsonlConfig(train_path="groupwise:data/sample_math.jsonl", prompt_key="question", answer_key="answer", id_key="id",
-                      system_prompt="Put the final answer in \\boxed{}.", test_fraction=0.25)
+    cfg = JsonlConfig(train_path="groupwise:data/sample_math.jsonl", prompt_key="question", answer_key="answer",
+                      id_key="id", system_prompt="Put the final answer in \\boxed{}.", test_fraction=0.25)
     task = JsonlTask(cfg)
-    problem = next(p for p in [*task.train, *task.test] if p.id == "gsm-1")  # gold 12; its `solution` column ends in #### 12
+    # gold 12; its `solution` column ends in #### 12
+    problem = next(p for p in [*task.train, *task.test] if p.id == "gsm-1")
     run = load(None, ["reward.terms=[{name: python, function: 'trl.rewards:accuracy_reward'}]"])
     stage = RewardStage(task, reward_terms(run.reward.terms, BuildEnv(run=run, task=task)), 5.0)
     z = torch.zeros(1, dtype=torch.long)
@@ -38,7 +39,8 @@ def test_trl_accuracy_reward_runs_unchanged_with_its_dataset_columns():
                                    loss_mask=torch.ones(1, dtype=torch.bool), finish_reason="stop", text=t)
                             for t in TEXTS])
     stage([group], 0)
-    direct = accuracy_reward([[{"role": "assistant", "content": t}] for t in TEXTS], [problem.meta["columns"]["solution"]] * 3)
+    direct = accuracy_reward([[{"role": "assistant", "content": t}] for t in TEXTS],
+                             [problem.meta["columns"]["solution"]] * 3)
     assert [s.reward for s in group.samples] == direct == [1.0, 0.0, 0.0]
     assert stage.metrics() == {"reward/accuracy_reward_errors": 0.0}
 
@@ -53,7 +55,8 @@ def test_python_api_trains_with_reward_funcs(tmp_path, monkeypatch):
         calls.append(len(completions))
         return [-len(ids) / 24 for ids in completion_ids]
 
-    result = groupwise.train(str(ROOT / "recipes" / "grpo_lab.yaml"), [*SMOKE, f"out_dir={tmp_path}", "eval.before=false"],
+    result = groupwise.train(str(ROOT / "recipes" / "grpo_lab.yaml"),
+                             [*SMOKE, f"out_dir={tmp_path}", "eval.before=false"],
                              reward_funcs=[shortest], reward_weights=[2.0])
     rows = [json.loads(x) for x in (tmp_path / "grpo_lab" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "perf/step_s" in r]

@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 def env(tmp_path):
     return {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"), "PYTHONHASHSEED": "0",
-            "NVIDIA_TF32_OVERRIDE": "0", "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            "NVIDIA_TF32_OVERRIDE": "0",
+            "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 def test_fsdp_on_two_gpus_equals_replicated_and_resumes(tmp_path):

@@ -74,7 +74,8 @@ def test_regime_c_puts_the_same_system_prompt_on_both_sides(vs_trl, tmp_path):
     plain = vs_trl.plan({"seed": 0, "prompts": 2, "steps": 1})[1][0]
     tok_chars = sum(len(p.prompt) + 1 for p in plain)  # the lab-tiny tokenizer is one token per character
     for side in ("trl", "groupwise"):
-        assert runs[side]["steps"][0]["prompt_tokens"] == 4 * (tok_chars + len(plain) * (40 + 1))  # G = 4; system + "\n"
+        # G = 4; system + "\n"
+        assert runs[side]["steps"][0]["prompt_tokens"] == 4 * (tok_chars + len(plain) * (40 + 1))
     assert "40-token system prompt" in result["regime"] and "shared_prefix" in result["regime"]
 
 

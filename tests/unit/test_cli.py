@@ -57,7 +57,8 @@ def test_compare_and_plot(tmp_path, capsys):
     assert rows[1]["eval/mean_at_k"] == 0.7 and rows[1]["eval/mean_at_k (start)"] == 0.3
     assert rows[0]["rollout/completion_len_mean"] == 24.5 and rows[0]["perf/gen_tokens_total"] == 500.0
     png = tmp_path / "c.png"
-    assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(png), "--x", "perf/gen_tokens_total"]) == 0
+    assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(png),
+                 "--x", "perf/gen_tokens_total"]) == 0
     assert png.stat().st_size > 1000
 
 

@@ -191,7 +191,8 @@ def test_a_failed_client_is_survived_and_counted(tmp_path, monkeypatch):
     api.run(two_clients(tmp_path, "flaky", "eval.after=false"))
     r = rows(tmp_path / "flaky")
     assert [x["federated/client_failures"] for x in r] == [0, 1, 1, 1]
-    assert r[1]["federated/clients_ok"] == 1 and r[1]["federated/weight_c0"] == 1.0 and "federated/weight_c1" not in r[1]
+    assert (r[1]["federated/clients_ok"] == 1 and r[1]["federated/weight_c0"] == 1.0
+            and "federated/weight_c1" not in r[1])
 
 
 def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):

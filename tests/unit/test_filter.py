@@ -32,9 +32,11 @@ def test_zero_variance_refills_until_target_or_cap():
 
 
 def test_zero_variance_without_refill_and_cap_reached():
-    kept, m = zero_variance(ZeroVarianceConfig(), None)([group([1, 1]), group([0, 1])], 2, lambda n: [group([0, 0])] * n)
+    kept, m = zero_variance(ZeroVarianceConfig(), None)([group([1, 1]), group([0, 1])], 2,
+                                                        lambda n: [group([0, 0])] * n)
     assert len(kept) == 1 and m["filter/refill_rounds"] == 0.0
-    kept, m = zero_variance(ZeroVarianceConfig(max_refill_rounds=2), None)([group([1, 1])], 2, lambda n: [group([0, 0])] * n)
+    kept, m = zero_variance(ZeroVarianceConfig(max_refill_rounds=2), None)([group([1, 1])], 2,
+                                                                           lambda n: [group([0, 0])] * n)
     assert kept == [] and m["filter/refill_rounds"] == 2.0
 
 

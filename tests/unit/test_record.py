@@ -96,7 +96,8 @@ def test_dropped_edited_replayed_flags_and_signals(tmp_path, tokenizer, lab):
     assert got[0]["signals"]["advantage"] == [0.5] * got[0]["length"]
     assert got[0]["signals"]["loss_weight"] == [2.0] * got[0]["length"] and got[3]["signals"] == {}
     assert "".join(got[0]["tokens"]) == got[0]["text"] == "answer: 7"
-    assert got[0]["reward_terms"] == {"correctness": 1.0, "na": None} and got[0]["format_ok"] == lab.format_ok("answer: 7")
+    assert (got[0]["reward_terms"] == {"correctness": 1.0, "na": None}
+            and got[0]["format_ok"] == lab.format_ok("answer: 7"))
     assert [s["dropped"] for s in kinds["dropped"]["samples"]] == [True, True]
     rep = kinds["replayed"]
     assert rep["from_step"] == 1 and all(s["replayed"] for s in rep["samples"])

@@ -95,7 +95,8 @@ def test_weights_reach_the_engine_after_an_update(pipe):
     again = pipe.generator.generate(reqs, params, torch.Generator().manual_seed(5))
     assert max_gap(pipe, reqs, again) < TOL  # the engine now runs the updated weights
     # and they are not the old ones: the same seeds give other log-probs (or other tokens)
-    assert any(len(a) != len(b) or (a - b).abs().max() > 1e-3 for a, b in zip(before, [c.rollout_logprobs for c in again]))
+    assert any(len(a) != len(b) or (a - b).abs().max() > 1e-3
+               for a, b in zip(before, [c.rollout_logprobs for c in again]))
 
 
 def test_an_engine_whose_sync_does_nothing_is_noticed(pipe, monkeypatch):

@@ -118,7 +118,8 @@ class RLCSDHints:
                 if got is None:
                     continue
                 others = got[1] or [None]  # one-sided: the sample itself, on its plain prompt
-                queries += [self._query(g, s, got[0], ctx)] + [s if h is None else self._query(g, s, h, ctx) for h in others]
+                queries += ([self._query(g, s, got[0], ctx)]
+                            + [s if h is None else self._query(g, s, h, ctx) for h in others])
                 slots.append((s, 1 + len(others)))
         lps, at = (ctx.policy_logprobs(queries) if queries else []), 0
         for s, n in slots:
@@ -126,13 +127,15 @@ class RLCSDHints:
             at += n
             s.meta["rlcsd_e"] = contrast(rows[0], rows[1:])
         total = sum(len(g.samples) for g in groups)
-        self._m = {"rollout/rlcsd_targets": len(slots) / max(total, 1), "rollout/rlcsd_teacher_rows": float(len(queries))}
+        self._m = {"rollout/rlcsd_targets": len(slots) / max(total, 1),
+                   "rollout/rlcsd_teacher_rows": float(len(queries))}
         return groups
 
     def _query(self, g: Group, s: Sample, hint: str, ctx: RolloutContext) -> Sample:
         user = g.problem.prompt if isinstance(g.problem.prompt, str) else g.problem.prompt[-1]["content"]
         text = self.cfg.context.replace("{hint}", hint).replace("{prompt}", user)
-        prompt = text if isinstance(g.problem.prompt, str) else (*g.problem.prompt[:-1], {"role": "user", "content": text})
+        prompt = (text if isinstance(g.problem.prompt, str)
+                  else (*g.problem.prompt[:-1], {"role": "user", "content": text}))
         ids = ctx.encode(dataclasses.replace(g.problem, prompt=prompt))
         return Sample(prompt_ids=ids, completion_ids=s.completion_ids, rollout_logprobs=s.rollout_logprobs,
                       loss_mask=s.loss_mask, finish_reason=s.finish_reason)

@@ -10,8 +10,8 @@ Transform (after scoring, at π_old: no update has happened yet this step):
   boundaries  token ends of ``boundary_pattern`` matches (the lab's ``;`` after each step) inside the thinking
               span, plus the end of thinking; segments shorter than ``min_len`` tokens are merged into the next;
               at most ``max_segments`` (the last ones kept)
-  values      for k < K: V̂(s_k) = Σ_{c ∈ C} π_old(c | x ⊕ y[:b_k] ⊕ τ_ans) · U(c), C = the gold answer and every distinct
-              final answer in the group, U = the verifier's verdict on ``answer_template.format(c)``; one
+  values      for k < K: V̂(s_k) = Σ_{c ∈ C} π_old(c | x ⊕ y[:b_k] ⊕ τ_ans) · U(c), C = the gold answer and every
+              distinct final answer in the group, U = the verifier's verdict on ``answer_template.format(c)``; one
               batched teacher-forced pass (``ctx.policy_logprobs``) over all (boundary, correct candidate)
               pairs; τ_ans = ``answer_prefix`` (``</think><answer>``). Candidates the verifier rejects have
               U = 0 and need no pass. (This is the IS estimator with the group's empirical answer distribution
@@ -117,7 +117,8 @@ class RREDValues:
         for (s, k, start, end), lp in zip(slots, lps):
             s.meta["rred_values"][k] += float(lp[start:end].sum().exp())  # π(c | s_k ⊕ τ_ans)
         n = sum(len(g.samples) for g in groups)
-        self._m = {"rollout/rred_segments": sum(len(s.meta["rred_bounds"]) for g in groups for s in g.samples) / max(n, 1),
+        self._m = {"rollout/rred_segments":
+                   sum(len(s.meta["rred_bounds"]) for g in groups for s in g.samples) / max(n, 1),
                    "rollout/rred_value_passes": float(len(queries))}
         return groups
 

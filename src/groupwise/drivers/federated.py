@@ -39,9 +39,9 @@ continues from the last saved round and reproduces the uninterrupted run.
 
 Backends share ``Client`` and the aggregation math: ``inprocess`` calls the clients in turn; ``flower`` runs the
 same loop as a Flower ServerApp whose clients are a ClientApp on a local simulated federation
-(``flower_app.py``; ``pip install 'groupwise[federated]'``). The driver itself (``fgrpo.py``) picks the backend. Eval (before / every / after): the global model on
-each client's first ``eval.n_problems`` test problems, ``eval/c<k>/*`` per client plus ``eval/macro_*`` and
-``eval/worst_*`` (``eval/mean_at_k`` is the macro mean@k).
+(``flower_app.py``; ``pip install 'groupwise[federated]'``). The driver itself (``fgrpo.py``) picks the backend.
+Eval (before / every / after): the global model on each client's first ``eval.n_problems`` test problems,
+``eval/c<k>/*`` per client plus ``eval/macro_*`` and ``eval/worst_*`` (``eval/mean_at_k`` is the macro mean@k).
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ def client_config(run: RunConfig, cfg: FGRPOConfig, k: int, model_path: str | No
     except TypeError:
         bad = next(key for key in c.task if key not in {f.name for f in dataclasses.fields(run.task.cfg)})
         allowed = ", ".join(f.name for f in dataclasses.fields(run.task.cfg))
-        raise ValueError(f"clients.{k}.task.{bad}: unknown key for task '{run.task.name}'; allowed: {allowed}") from None
+        raise ValueError(f"clients.{k}.task.{bad}: unknown key for task '{run.task.name}'; "
+                         f"allowed: {allowed}") from None
     except ValueError as e:
         raise ValueError(f"clients.{k}.task: {e}") from None
     terms = tuple(dataclasses.replace(t, weight=t.weight * c.reward_scale) for t in run.reward.terms)

@@ -141,7 +141,8 @@ class Recorder:
         if self.teacher is not None:
             out["perf/record_teacher_s"] = t_teacher
         line = {"step": step + 1, "signals": signals, "groups": groups,
-                "cost": {"record_s": _num(out["perf/record_s"]), "teacher_s": _num(t_teacher), "teacher_rows": len(gaps)}}
+                "cost": {"record_s": _num(out["perf/record_s"]), "teacher_s": _num(t_teacher),
+                         "teacher_rows": len(gaps)}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(line, allow_nan=False) + "\n")

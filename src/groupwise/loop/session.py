@@ -90,7 +90,8 @@ class Session:
         write_atomic(self.run_dir / CONFIG, yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
         stale = ckpt.clean_stale(self.run_dir)
         if stale:
-            self.progress.note(f"removed {len(stale)} unfinished checkpoint save(s): {', '.join(p.name for p in stale)}")
+            self.progress.note(f"removed {len(stale)} unfinished checkpoint save(s): "
+                               f"{', '.join(p.name for p in stale)}")
 
     def _same_settings(self) -> None:
         """A resumed run must run what its resolved config says: only the length, saving, logging and eval

@@ -162,7 +162,8 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
         transforms=transforms, reward=reward, filter=filter_,
         advantage=make("advantage", cfg.advantage),
         advantage_transforms=[make(f"advantage_transform{i}", t) for i, t in enumerate(cfg.advantage_transforms)],
-        replay=buffer, credit=[make(f"credit{i}", c) for i, c in enumerate(cfg.credit)], teacher=counted, learner=learner,
+        replay=buffer, credit=[make(f"credit{i}", c) for i, c in enumerate(cfg.credit)], teacher=counted,
+        learner=learner,
         parts=parts, recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer,
                                        task, resume_step, teacher))
     # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);

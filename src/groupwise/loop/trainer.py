@@ -138,7 +138,8 @@ def finish(p: Pipeline, w: Work, update: dict[str, float], t0: float, t1: float)
     metrics.update(advantage_metrics(w.adv, w.batch.mask))
     metrics.update(r.metrics)
     metrics.update(p.component_metrics(rollout=False))
-    metrics.update({"perf/update_s": t_update, "perf/step_s": time.perf_counter() - t0, "perf/peak_rss_mb": peak_rss_mb(),
+    metrics.update({"perf/update_s": t_update, "perf/step_s": time.perf_counter() - t0,
+                    "perf/peak_rss_mb": peak_rss_mb(),
                     "update/replay_rows": float(sum(len(x.group.samples) for x in w.replayed))})
     return metrics
 
@@ -169,7 +170,8 @@ def _eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, float
     e = p.cfg.eval
     metrics, records = evaluate_run(p, p.task.test[:e.n_problems])
     session.log_eval(step, tag, metrics, records, f"[{tag}] step {step}: mean@{e.k} "
-                     f"{metrics.get('eval/mean_at_k', 0):.3f}  greedy {metrics.get('eval/greedy_acc', float('nan')):.3f}  "
+                     f"{metrics.get('eval/mean_at_k', 0):.3f}  "
+                     f"greedy {metrics.get('eval/greedy_acc', float('nan')):.3f}  "
                      f"len {metrics.get('eval/len_mean', 0):.1f}")
     return metrics
 

@@ -327,7 +327,8 @@ class RayWorkers:
         env, threads, cpus = {k: os.environ[k] for k in ENV if k in os.environ}, torch.get_num_threads(), os.cpu_count()
         if cpus and n * threads > cpus:  # measured on 2 cores: oversubscribed threads ran the lab ~10x slower
             print(f"groupwise: rollout.workers={n} x {threads} torch threads (each worker takes the driver's count: "
-                  f"other counts draw other bits) oversubscribe {cpus} CPUs; set trainer.threads <= {max(cpus // n, 1)}",
+                  f"other counts draw other bits) oversubscribe {cpus} CPUs; "
+                  f"set trainer.threads <= {max(cpus // n, 1)}",
                   file=sys.stderr, flush=True)
         self.setup = (uuid.uuid4().hex, (to_dict(self.p.cfg), threads, env, self.build))
         self.actors = [idle.pop() if idle else actor_class().remote(self.setup) for _ in range(n)]

@@ -112,7 +112,8 @@ def distil(inp: LossInputs, cfg: DistILLossConfig) -> LossTerms:
     ce = local_ce(lp, lq)
     m = inp.completion_mask
     kl = ce.detach() - teacher_entropy(lq)
-    return LossTerms(ce, {"loss/distil_ce": masked_sum_count(ce.detach(), m), "loss/distil_kl": masked_sum_count(kl, m)})
+    return LossTerms(ce, {"loss/distil_ce": masked_sum_count(ce.detach(), m),
+                          "loss/distil_kl": masked_sum_count(kl, m)})
 
 
 class DistILCost:

@@ -95,4 +95,5 @@ def token_divergence(inp: LossInputs, cfg: OPSDConfig) -> tuple[Tensor, Tensor]:
 def opsd(inp: LossInputs, cfg: OPSDConfig) -> LossTerms:
     r, clip = token_divergence(inp, cfg)
     m = inp.completion_mask
-    return LossTerms(r, {"loss/opsd_div": masked_sum_count(r.detach(), m), "loss/opsd_clip_frac": masked_sum_count(clip, m)})
+    return LossTerms(r, {"loss/opsd_div": masked_sum_count(r.detach(), m),
+                         "loss/opsd_clip_frac": masked_sum_count(clip, m)})

@@ -29,7 +29,8 @@ class PPOClipConfig:
             raise ValueError(f"clip_low={self.clip_low} must be in [0, 1) and clip_high={self.clip_high} >= 0")
 
 
-@LOSSES.register("ppo_clip", config=PPOClipConfig, advantage_only=True, provides=("policy_gradient",))  # loss and grad are 0 where A = 0
+# advantage_only: loss and grad are 0 where A = 0
+@LOSSES.register("ppo_clip", config=PPOClipConfig, advantage_only=True, provides=("policy_gradient",))
 def ppo_clip(inp: LossInputs, cfg: PPOClipConfig) -> LossTerms:
     log_ratio = inp.logprobs - inp.old_logprobs
     ratio = torch.exp(log_ratio)

@@ -17,9 +17,9 @@ Store (shared by every buffer here and by ``hdr``):
   budget    K_rep = ``replay_groups`` if set, else round(``replay_ratio`` × fresh groups offered by the last
             ``add``) with ratio 0.5 by default (the paper's "fresh 256 + replay 128"; the spec counts groups).
   replay    a ``Replayed`` copy (``replayed=True``) with its stored advantages; each sample carries
-            behaviour log-probs ``old_logprobs`` = stored π_gen (the true behaviour policy, so the PPO ratio is π_θ/π_gen).
-            Tokens without a generator log-prob (NaN: text an editor wrote) get the current policy's, i.e.
-            ratio 1, from one teacher-forced pass over just those samples; otherwise no model call is made.
+            behaviour log-probs ``old_logprobs`` = stored π_gen (the true behaviour policy, so the PPO ratio is
+            π_θ/π_gen). Tokens without a generator log-prob (NaN: text an editor wrote) get the current policy's,
+            i.e. ratio 1, from one teacher-forced pass over just those samples; otherwise no model call is made.
   never     a group is never replayed in the step that produced it (``stored step < step``).
 
 ``fifo``: the K most recently stored groups (the paper's "GRPO + naive replay" baseline).

@@ -190,8 +190,9 @@ class HDR:
                            self._replay_tokens)
         self._replay_tokens = 0
         if groups:
-            self._m["replay/headroom_fresh"] = sum(reference_headroom(g, [float(a) for a in advantages[i, :len(g.samples)]])
-                                                   for i, g in enumerate(groups)) / len(groups)
+            self._m["replay/headroom_fresh"] = sum(
+                reference_headroom(g, [float(a) for a in advantages[i, :len(g.samples)]])
+                for i, g in enumerate(groups)) / len(groups)
         if new:
             self._m["replay/headroom_ingress"] = sum(e.headroom for e in new) / len(new)
 

@@ -65,7 +65,8 @@ class PythonRewardConfig:
         if self.timeout_s < 0:
             raise ValueError(f"timeout_s={self.timeout_s}: must be >= 0 (0 disables the timeout)")
         if self.isolation == "process" and not CAN_FORK:
-            raise ValueError(f"isolation=process: needs fork (Linux), this is {sys.platform}; allowed here: alarm, auto")
+            raise ValueError(f"isolation=process: needs fork (Linux), this is {sys.platform}; "
+                             "allowed here: alarm, auto")
 
     def name(self) -> str:
         if self.label:

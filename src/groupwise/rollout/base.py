@@ -39,7 +39,8 @@ class Generator(Protocol):
     ``generate`` returns exactly one Completion per request, in order. ``rollout_logprobs`` are the sampler's
     own log-probs of the returned tokens under the distribution it drew from, logits / temperature over the
     full vocabulary (before top-p: on the trainer's support, see ``types.Completion``); for temperature 0 they
-    are the temperature-1 log-probs. A generator registered with ``logprobs=False`` returns scripted values. Identical prompts may share one prefill.
+    are the temperature-1 log-probs. A generator registered with ``logprobs=False`` returns scripted values.
+    Identical prompts may share one prefill.
     ``sync_weights`` is called after every optimizer step (a no-op when the generator shares the
     training model's parameters, as the ``hf`` backend does); it returns True only when the engine samples from
     ``model``'s own parameters, so nothing can go stale and the weight-sync check (``rollout/sync_check.py``)

@@ -287,8 +287,9 @@ class DRE:
                         rows += [(grp, e, k) for k in range(min(len(e.boundaries), n_ok + cfg.m_stable - 1))]
         if not rows:
             return
-        reqs = [Request(torch.cat([grp.samples[e.index].prompt_ids, grp.samples[e.index].completion_ids[:e.boundaries[k]],
-                                   suffix]), max_tokens=cfg.probe_max_tokens) for grp, e, k in rows]
+        reqs = [Request(torch.cat([grp.samples[e.index].prompt_ids,
+                                   grp.samples[e.index].completion_ids[:e.boundaries[k]], suffix]),
+                        max_tokens=cfg.probe_max_tokens) for grp, e, k in rows]
         close = cfg.answer_template.split("{}", 1)[1]  # a probe ends with the answer's closing text
         params = dataclasses.replace(ctx.params, max_tokens=cfg.probe_max_tokens, temperature=0.0,
                                      stop=(*ctx.params.stop, close) if close else ctx.params.stop)
@@ -311,7 +312,8 @@ class DRE:
         close = ctx.tokenizer.encode(self.cfg.think_close, add_special_tokens=False)
         reqs = [Request(torch.cat([grp.samples[e.index].prompt_ids, grp.samples[e.index].completion_ids[:e.t_star],
                                    torch.tensor(close, dtype=torch.long)]),
-                        max_tokens=max(1, min(self.cfg.regen_max_tokens, ctx.params.max_tokens - e.t_star - len(close))))
+                        max_tokens=max(1, min(self.cfg.regen_max_tokens,
+                                              ctx.params.max_tokens - e.t_star - len(close))))
                 for grp, chosen in zip(groups, picks) for e in chosen]
         if not reqs:
             return [[] for _ in groups]
@@ -343,7 +345,8 @@ class DRE:
             old_logprobs=None, meta={**s.meta, "dre_edited": True, "dre_removed": e.tail, **meta})
 
     def _apply(self, grp: Group, chosen: list[Edit], answers: list[Completion] | None, ctx: RolloutContext) -> None:
-        edited = [self._edit(grp.samples[e.index], e, answers[k] if answers else None, ctx) for k, e in enumerate(chosen)]
+        edited = [self._edit(grp.samples[e.index], e, answers[k] if answers else None, ctx)
+                  for k, e in enumerate(chosen)]
         probe = Group(problem=grp.problem, samples=edited, step=grp.step)
         ctx.score([probe])
         for e, y in zip(chosen, edited):
@@ -368,7 +371,8 @@ class DRE:
         n = s.get("n", 0.0)
         if not n:
             return {}
-        out = {"rollout/dre_edited_frac": s.get("edited", 0.0) / n, "rollout/dre_eligible_frac": s.get("eligible", 0.0) / n,
+        out = {"rollout/dre_edited_frac": s.get("edited", 0.0) / n,
+               "rollout/dre_eligible_frac": s.get("eligible", 0.0) / n,
                "rollout/dre_rejected": s.get("rejected", 0.0), "rollout/dre_tokens_removed": s.get("removed", 0.0) / n}
         if self.cfg.detector == "probe":
             out["rollout/dre_probes"] = s.get("probes", 0.0)

@@ -18,8 +18,8 @@ prompt); its cache is copied into the buffer. Outputs equal the model's decode u
 
 Supported (``unsupported(model, length)`` says why not, and the generator then runs the model's own forward):
 model types llama, mistral, qwen2, qwen3 with SiLU MLPs, plain ``nn.Linear`` projections (a peft LoRA
-policy's wrapped projections fall back), plain-tensor weights (a sharded DTensor falls back), no tensor-parallel pretraining split, and no sliding-window layer
-whose window is shorter than the generation's total length.
+policy's wrapped projections fall back), plain-tensor weights (a sharded DTensor falls back), no tensor-parallel
+pretraining split, and no sliding-window layer whose window is shorter than the generation's total length.
 """
 
 from __future__ import annotations

@@ -39,11 +39,11 @@ Expansion (per problem; every round is one batched generator call over all probl
                starts at the root with min(W, ⌊remaining / (tokens per slot so far)⌋) slots, to spend the budget.
 
 Samples (what the rest of the pipeline sees: ordinary groups, scored by the reward stage): one per terminal leaf that
-was not cut (its path from the root), then one per merged non-terminal member m (m's path, continued by a uniform random walk
-over its class's children to a terminal, ``ctx.rng("graphpo")``), so every edge lies on the physical (sampled-in-
-context) prefix of some sample. Each edge's tokens carry loss in exactly one sample (the first whose physical
-prefix holds it): ``loss_mask`` is False on every other copy, so shared tokens are trained once and count once in
-the loss's denominators (with or without the graphpo credit); tokens of a virtual continuation were sampled after
+was not cut (its path from the root), then one per merged non-terminal member m (m's path, continued by a uniform
+random walk over its class's children to a terminal, ``ctx.rng("graphpo")``), so every edge lies on the physical
+(sampled-in-context) prefix of some sample. Each edge's tokens carry loss in exactly one sample (the first whose
+physical prefix holds it): ``loss_mask`` is False on every other copy, so shared tokens are trained once and count once
+in the loss's denominators (with or without the graphpo credit); tokens of a virtual continuation were sampled after
 a different prefix, so their ``rollout_logprobs`` are NaN. Per sample, ``meta["graphpo"]`` = {``nodes``: the head
 node of each edge along the path, ``spans``: [start, end) token span of each, ``terminal``}; ``meta["graphpo_graph"]``
 (one dict shared by the group's samples, plain lists indexed by node id): ``parent``, ``cls``, ``terminal``,
@@ -105,7 +105,8 @@ class GraphPOConfig:
     def __post_init__(self) -> None:
         if self.width < 0 or self.branch < 0 or self.max_waves < 1 or self.budget_tokens < 0 or self.step_tokens < 1:
             raise ValueError(f"width={self.width}, branch={self.branch}, max_waves={self.max_waves}, budget_tokens="
-                             f"{self.budget_tokens}, step_tokens={self.step_tokens}: need width, branch, budget_tokens >= 0 "
+                             f"{self.budget_tokens}, step_tokens={self.step_tokens}: "
+                             "need width, branch, budget_tokens >= 0 "
                              "(0: group size, one child per slot, G × max tokens) and max_waves, step_tokens >= 1")
         if not self.delimiter:
             raise ValueError("delimiter='': a step boundary needs a non-empty stop string (the lab: ';')")
@@ -281,7 +282,8 @@ class GraphPOBuilder:
                     caps[k] = min(caps[k], left // len(rows) + (r < left % len(rows)))
         keep = [k for k in range(len(plan)) if caps[k] >= 1]  # a node left with no row is cut in _finish
         # the path so far is part of the prompt (one prefill pass), so the completion is the new step only
-        reqs = [Request(torch.cat([plan[k][0].prompt, torch.tensor(plan[k][0].nodes[plan[k][1]].ids, dtype=torch.long)]),
+        reqs = [Request(torch.cat([plan[k][0].prompt,
+                                   torch.tensor(plan[k][0].nodes[plan[k][1]].ids, dtype=torch.long)]),
                         max_tokens=caps[k]) for k in keep]
         return reqs, [plan[k] for k in keep]
 
@@ -306,7 +308,8 @@ class GraphPOBuilder:
             if cfg.embedder == "hashed":
                 embs = [hashed_embedding(text, cfg.hash_dim) for _, _, text in inner]
             else:
-                embs = policy_embeddings(ctx.model, [g.prompt for g, _, _ in inner], [g.nodes[i].ids for g, i, _ in inner])
+                embs = policy_embeddings(ctx.model, [g.prompt for g, _, _ in inner],
+                                         [g.nodes[i].ids for g, i, _ in inner])
             for (g, i, _), e in zip(inner, embs):
                 g.nodes[i].emb = e
         for g, i, _ in new:

@@ -66,7 +66,8 @@ class _Episode:
     forced: list[bool] = dataclasses.field(default_factory=list)
     reason: str = ""
     meta: dict[str, int] = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(("turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_tokens"), 0))
+        default_factory=lambda: dict.fromkeys(
+            ("turns", "tool_calls", "tool_errors", "tool_timeouts", "tool_tokens"), 0))
 
     def add(self, ids: list[int], logps: list[float], forced: list[bool]) -> None:
         self.ids += ids

@@ -27,7 +27,8 @@ class Selector(Protocol):
 
 def next_contract(out: object, step: int, n: int, *_: object) -> str:
     """What is wrong with a selector's ``next`` output ("" when nothing)."""
-    return "" if list_of(out, Problem, n) else f"returned {described(out)} for n={n}; the contract is a list of n Problems"
+    return ("" if list_of(out, Problem, n)
+            else f"returned {described(out)} for n={n}; the contract is a list of n Problems")
 
 
 SELECTORS = Registry("selector", Selector, "factory", ("cfg", "env"), contract={"next": next_contract})

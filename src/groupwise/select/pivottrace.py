@@ -380,7 +380,8 @@ class PivotTraceSelector:
     def _diagnostics(self, probes: dict[int, Probe]) -> dict[str, float]:
         out: dict[str, float] = {}
         if self.pseudo:
-            out["select/pseudo_label_acc"] = sum(self.pool[i].answer == a for i, a in self.pseudo.items()) / len(self.pseudo)
+            out["select/pseudo_label_acc"] = (sum(self.pool[i].answer == a for i, a in self.pseudo.items())
+                                              / len(self.pseudo))
         if len(probes) > 1:
             err = [1 - sum(p.correct) / len(p.correct) for p in probes.values()]
             out["select/calib_spearman_pivot"] = spearman([p.density for p in probes.values()], err)

@@ -169,7 +169,8 @@ def _bm25s():
     try:
         import bm25s
     except ImportError:
-        raise ConfigError("task.name=search needs bm25s, which is not installed: pip install 'groupwise[search]'") from None
+        raise ConfigError("task.name=search needs bm25s, which is not installed: "
+                          "pip install 'groupwise[search]'") from None
     return bm25s
 
 

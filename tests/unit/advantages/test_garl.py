@@ -74,7 +74,8 @@ def test_amplification_floor_clips_p_to_zero():
 @given(st.integers(1, 16), st.data(), st.floats(0, 1))
 def test_amplification_lies_in_1_to_m_to_the_q(m, data, q):
     k = data.draw(st.integers(0, m))
-    amp = amplification(torch.tensor([[k / m]], dtype=torch.float64), torch.tensor([[float(m)]], dtype=torch.float64), q)
+    amp = amplification(torch.tensor([[k / m]], dtype=torch.float64), torch.tensor([[float(m)]], dtype=torch.float64),
+                        q)
     assert 1 - 1e-12 <= amp.item() <= m ** q + 1e-9
 
 

@@ -40,8 +40,8 @@ def test_score_sum_and_skipped_tokens():
     # sum scores: [−2, −6, −0.5] → w01 = σ(−4), w02 = σ(1.5)
     b = batch([[(1, [-0.5, -1.5]), (0, [-2.0, -2.0, -2.0]), (0, [-0.5])]])
     w01, w02 = 1 / (1 + math.exp(4)), 1 / (1 + math.exp(-1.5))
-    assert_close(lampo(b, LamPOConfig(beta=1.0, score="sum")), torch.tensor([[w01 + w02, -w01, -w02]], dtype=torch.float64),
-                 rtol=0, atol=1e-7)
+    assert_close(lampo(b, LamPOConfig(beta=1.0, score="sum")),
+                 torch.tensor([[w01 + w02, -w01, -w02]], dtype=torch.float64), rtol=0, atol=1e-7)
     # prefilled (loss_mask False) and edited (NaN) tokens do not count; a sample with none known is unknown
     g = Group(Problem(id="p", prompt="x", answer="1"),
               [sample(1, [-9.0, -1.0, math.nan], [False, True, True]), sample(0, [math.nan, math.nan])])

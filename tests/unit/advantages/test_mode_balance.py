@@ -33,7 +33,8 @@ def test_pinned_gate_and_shares():
     adv = dr_grpo(b, NoConfig())  # group 0 mean .75 → [.25, −.75, .25, .25]; group 1 mean .5 → [.5, −.5, −.5, .5]
     out = mode_balance(b, adv, ModeBalanceConfig(coef=0.1))
     nt, sh, lg = 0.1 * (1 / 3 - 1 / 8), 0.1 * (1 / 3 - 1 / 4), 0.1 * (1 / 3 - 5 / 8)
-    expected = torch.tensor([[0.25 + nt, -0.75, 0.25 + sh, 0.25], [0.5, -0.5 + lg, -0.5 + lg, 0.5]], dtype=torch.float64)
+    expected = torch.tensor([[0.25 + nt, -0.75, 0.25 + sh, 0.25], [0.5, -0.5 + lg, -0.5 + lg, 0.5]],
+                            dtype=torch.float64)
     assert_close(out, expected, rtol=0, atol=1e-12)
 
 

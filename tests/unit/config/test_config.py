@@ -36,7 +36,8 @@ def test_unknown_override_key():
 
 
 def test_unknown_component_lists_valid_and_closest():
-    with pytest.raises(ConfigError, match=r"unknown advantage 'grpp' \(did you mean 'grpo'\?\); valid: .*dr_grpo.*rloo"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown advantage 'grpp' \(did you mean 'grpo'\?\); valid: .*dr_grpo.*rloo"):
         load(None, ["advantage.name=grpp"])
 
 
@@ -140,7 +141,8 @@ def test_documented_infinity_still_loads(tmp_path):
     assert cfg.replay.cfg.tau == math.inf
     assert load(None, ["replay.name=hdr", "replay.tau=inf"]).replay.cfg.tau == math.inf
     for term in ("opsd", "dash_opsd"):  # the documented "no clip" (before: refused at load)
-        assert load(None, [f"loss.terms=[{{name: {term}, token_clip: .inf}}]", "teacher=frozen"]).loss.terms[0].cfg.token_clip == math.inf
+        assert load(None, [f"loss.terms=[{{name: {term}, token_clip: .inf}}]",
+                           "teacher=frozen"]).loss.terms[0].cfg.token_clip == math.inf
     with pytest.raises(ConfigError, match="replay.capacity: expected an integer"):
         load(None, ["replay.name=hdr", "replay.capacity=.inf"])
 

@@ -73,7 +73,8 @@ def context(tokenizer, task, texts, step=0):
     counters: dict = {}
 
     def rng(stage):
-        return torch.Generator().manual_seed(stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
+        return torch.Generator().manual_seed(
+            stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
 
     stage = reward_stage(task)
     return RolloutContext(generator=FakeGenerator(FakeConfig(completions=tuple(texts)), tokenizer), tokenizer=tokenizer,
@@ -106,7 +107,8 @@ def test_the_transform_marks_commitments_and_lifts_drift_traces(tokenizer, lab):
 
 
 def test_config():
-    with pytest.raises(ConfigError, match=r"credit 'dash_drift' requires 'drift_marks'.*allowed: add group transform 'dash_drift'"):
+    with pytest.raises(ConfigError,
+                       match=r"credit 'dash_drift' requires 'drift_marks'.*allowed: add group transform 'dash_drift'"):
         load(None, ["credit=[dash_drift]"])
     load(None, ["rollout.transforms=[dash_drift]", "credit=[dash_drift]"])
     with pytest.raises(ValueError, match="w_max=0.5"):

@@ -192,11 +192,13 @@ def test_pooling_lowers_the_variance_of_edge_advantages():
 
 
 def test_load_time_errors_name_the_key():
-    with pytest.raises(ConfigError, match=r"credit.0: credit 'graphpo' requires 'rollout_graph'.*allowed: add group builder 'graphpo'") as e:
+    with pytest.raises(ConfigError, match=r"credit.0: credit 'graphpo' requires 'rollout_graph'.*"
+                                          r"allowed: add group builder 'graphpo'") as e:
         load("recipes/grpo_lab.yaml", ["credit=[{name: graphpo}]"])
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="w=1.5"):
         load("recipes/graphpo_lab.yaml", ["credit=[{name: graphpo, w: 1.5}]"])
-    with pytest.raises(ConfigError, match=r"requires 'endpoint_similarity'.*group builder 'graphpo' \(``rollout_graph``.*with "
+    with pytest.raises(ConfigError, match=r"requires 'endpoint_similarity'.*group builder 'graphpo' "
+                                          r"\(``rollout_graph``.*with "
                                           r"``equivalence: embedding`` also ``endpoint_similarity``\)$"):
         load("recipes/graphpo_lab.yaml", ["credit=[{name: graphpo, gamma_s: 1.0}]"])

@@ -45,7 +45,8 @@ def test_weight_one_is_the_identity():
 def test_config():
     with pytest.raises(ValueError, match="mode_token_loss_weight=-1"):
         ModeTokenWeightConfig(mode_token_loss_weight=-1.0)
-    with pytest.raises(ConfigError, match=r"credit 'mode_token_weight' requires 'think_modes'.*allowed: add group builder 'think_modes'"):
+    with pytest.raises(ConfigError, match=r"credit 'mode_token_weight' requires 'think_modes'.*"
+                                          r"allowed: add group builder 'think_modes'"):
         load(None, ["credit=[{name: mode_token_weight, mode_token_loss_weight: 3}]"])
     cfg = load(None, ["rollout.builder.name=think_modes", "task.modes=true",
                       "credit=[{name: mode_token_weight, mode_token_loss_weight: 3}]"])

@@ -92,7 +92,8 @@ def context(tokenizer, task, texts, model):
     counters: dict = {}
 
     def rng(stage):
-        return torch.Generator().manual_seed(stable_seed(0, 0, stage, next(counters.setdefault(stage, itertools.count()))))
+        return torch.Generator().manual_seed(
+            stable_seed(0, 0, stage, next(counters.setdefault(stage, itertools.count()))))
 
     def policy_logprobs(samples):
         packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
@@ -104,7 +105,8 @@ def context(tokenizer, task, texts, model):
     encode = lambda p: torch.tensor(tokenizer.encode(p.prompt + "\n", add_special_tokens=False))  # noqa: E731
     return RolloutContext(generator=FakeGenerator(FakeConfig(completions=tuple(texts)), tokenizer), tokenizer=tokenizer,
                           task=task, score=lambda gs: stage(gs, 0), params=SamplingParams(64), group_size=len(texts),
-                          step=0, rng=rng, encode=encode, policy_logprobs=policy_logprobs, eos_id=tokenizer.eos_token_id)
+                          step=0, rng=rng, encode=encode, policy_logprobs=policy_logprobs,
+                          eos_id=tokenizer.eos_token_id)
 
 
 def test_the_transform_contrasts_a_correct_hint_with_wrong_ones(tokenizer, lab, tiny_model):
@@ -151,7 +153,8 @@ def test_one_sided_contrasts_the_hint_with_the_plain_prompt(tokenizer, lab, tiny
 
 
 def test_config():
-    with pytest.raises(ConfigError, match=r"credit 'rlcsd' requires 'rlcsd_contrast'.*allowed: add group transform 'rlcsd'"):
+    with pytest.raises(ConfigError,
+                       match=r"credit 'rlcsd' requires 'rlcsd_contrast'.*allowed: add group transform 'rlcsd'"):
         load(None, ["credit=[rlcsd]"])
     with pytest.raises(ConfigError, match="token_mean"):
         load(None, ["rollout.transforms=[rlcsd]", "credit=[rlcsd]", "loss.reduction=seq_mean_token_mean"])

@@ -58,7 +58,8 @@ def context(tokenizer, task, texts, model, step=0):
     counters: dict = {}
 
     def rng(stage):
-        return torch.Generator().manual_seed(stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
+        return torch.Generator().manual_seed(
+            stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
 
     def policy_logprobs(samples):
         packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
@@ -77,7 +78,8 @@ def context(tokenizer, task, texts, model, step=0):
 def test_the_transform_estimates_values_with_the_policy_itself(tokenizer, lab, tiny_model):
     p = lab.test[0]
     a, w = p.answer, str((int(p.answer) + 1) % 10)
-    texts = [f"<think>1+1=2;2+1=3;so {a}.</think><answer>{a}</answer>", f"<think>1+2=3;so {w}.</think><answer>{w}</answer>"]
+    texts = [f"<think>1+1=2;2+1=3;so {a}.</think><answer>{a}</answer>",
+             f"<think>1+2=3;so {w}.</think><answer>{w}</answer>"]
     ctx = context(tokenizer, lab, texts, tiny_model)
     groups = ctx.sample_groups([p])
     ctx.score(groups)
@@ -93,7 +95,8 @@ def test_the_transform_estimates_values_with_the_policy_itself(tokenizer, lab, t
     k = right.meta["rred_bounds"][0]
     forced = tokenizer.encode(f"</think><answer>{a}</answer>", add_special_tokens=False)
     ids = torch.cat([right.completion_ids[:k], torch.tensor(forced)])
-    lp = ctx.policy_logprobs([Sample(prompt_ids=right.prompt_ids, completion_ids=ids, rollout_logprobs=torch.zeros(len(ids)),
+    lp = ctx.policy_logprobs([Sample(prompt_ids=right.prompt_ids, completion_ids=ids,
+                                     rollout_logprobs=torch.zeros(len(ids)),
                                      loss_mask=torch.ones(len(ids), dtype=torch.bool), finish_reason="stop")])[0]
     n_prefix = len(tokenizer.encode("</think><answer>", add_special_tokens=False))
     assert right.meta["rred_values"][0] == pytest.approx(float(lp[k + n_prefix:].sum().exp()), rel=1e-6)
@@ -111,7 +114,8 @@ def test_boundaries_merge_short_segments_and_end_at_thinking(tokenizer):
 
 
 def test_config():
-    with pytest.raises(ConfigError, match=r"credit 'rredcot' requires 'rred_values'.*allowed: add group transform 'rredcot'"):
+    with pytest.raises(ConfigError,
+                       match=r"credit 'rredcot' requires 'rred_values'.*allowed: add group transform 'rredcot'"):
         load(None, ["credit=[rredcot]"])
     load(None, ["rollout.transforms=[rredcot]", "credit=[rredcot]"])
     with pytest.raises(ValueError, match="lam=2"):

@@ -78,8 +78,9 @@ def test_bad_forced_prefix_fails_at_build():
 
 
 def test_trainer_eval_records_start_with_the_forced_prefix(tmp_path):
-    args = ["train", str(ROOT / "recipes" / "grpo_lab.yaml"), "trainer.steps=0", "trainer.threads=1", "trainer.progress=false",
-            "trainer.sinks=[jsonl]", "model.warm_start=false", "eval.after=false", "eval.n_problems=3", "eval.k=2",
+    args = ["train", str(ROOT / "recipes" / "grpo_lab.yaml"), "trainer.steps=0", "trainer.threads=1",
+            "trainer.progress=false", "trainer.sinks=[jsonl]", "model.warm_start=false", "eval.after=false",
+            "eval.n_problems=3", "eval.k=2",
             "rollout.max_completion_tokens=8", "eval.forced_prefix=<LG>", f"out_dir={tmp_path}"]
     assert main(args) == 0
     records = [json.loads(x) for x in (tmp_path / "grpo_lab" / "eval" / "step_0.jsonl").read_text().splitlines()]

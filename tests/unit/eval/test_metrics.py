@@ -26,8 +26,8 @@ def test_majority():
 def test_summarize_pinned():
     recs = [{"id": "a", "difficulty": 1, "greedy": False, "answer": x, "correct": c, "format": True, "length": n,
              "finish_reason": "stop"} for x, c, n in (("1", True, 10), ("2", False, 20))]
-    recs += [{"id": "b", "difficulty": 2, "greedy": False, "answer": "9", "correct": False, "format": False, "length": 30,
-              "finish_reason": "length"}] * 2
+    recs += [{"id": "b", "difficulty": 2, "greedy": False, "answer": "9", "correct": False, "format": False,
+              "length": 30, "finish_reason": "length"}] * 2
     recs += [{"id": "a", "difficulty": 1, "greedy": True, "answer": "1", "correct": True, "format": True, "length": 9,
               "finish_reason": "stop"}]
     m = summarize(recs, k=2)

@@ -77,7 +77,8 @@ def test_pinned_cost_to_go_and_both_baselines():
 def sample(cost, n=None):
     n = n or len(cost)
     return Sample(prompt_ids=torch.tensor([1]), completion_ids=torch.arange(2, 2 + n), rollout_logprobs=torch.zeros(n),
-                  loss_mask=torch.ones(n, dtype=torch.bool), finish_reason="stop", meta={"distil_cost": torch.tensor(cost)})
+                  loss_mask=torch.ones(n, dtype=torch.bool), finish_reason="stop",
+                  meta={"distil_cost": torch.tensor(cost)})
 
 
 def group_batch(costs, adv):
@@ -100,7 +101,8 @@ def test_credit_writes_the_baselined_sequence_term_and_keeps_grpo_at_neutral_set
 def tabular(theta1, theta2, q1, q2, c_seq):
     """A 2-step MDP: action a1 ∈ {A, B}, then a2 with logits theta2[a1]; the teacher is q1 at step 1 and q2[a1]."""
     lp1 = theta1.log_softmax(-1)
-    exact = local_ce(lp1, q1.log()) + sum(lp1[a].exp() * local_ce(theta2[a].log_softmax(-1), q2[a].log()) for a in (0, 1))
+    exact = local_ce(lp1, q1.log()) + sum(lp1[a].exp() * local_ce(theta2[a].log_softmax(-1), q2[a].log())
+                                          for a in (0, 1))
     surrogate = 0.0
     for a1 in (0, 1):
         for a2 in (0, 1):
@@ -125,7 +127,8 @@ def test_the_surrogate_gradient_is_the_exact_gradient_and_credit_needs_the_seque
     # teacher indifferent at step 1 (q1 = π_1); after B (index 1) it disagrees strongly with the student at step 2
     theta1 = torch.zeros(2, dtype=torch.float64, requires_grad=True)
     theta2 = torch.tensor([[0.0, 0.0], [2.0, -2.0]], dtype=torch.float64, requires_grad=True)
-    q1, q2 = torch.tensor([0.5, 0.5], dtype=torch.float64), torch.tensor([[0.5, 0.5], [0.01, 0.99]], dtype=torch.float64)
+    q1, q2 = (torch.tensor([0.5, 0.5], dtype=torch.float64),
+              torch.tensor([[0.5, 0.5], [0.01, 0.99]], dtype=torch.float64))
     for c_seq, favours_a in ((1.0, True), (0.0, False)):
         g = torch.autograd.grad(tabular(theta1, theta2, q1, q2, c_seq)[1], theta1)[0]
         if favours_a:
@@ -173,9 +176,12 @@ def test_the_transform_without_a_built_teacher_is_a_clear_error():
 def test_invalid_settings_are_load_time_errors():
     with pytest.raises(ConfigError, match="c_seq"):
         load(None, ["credit=[{name: distil, c_seq: -1}]"])
-    with pytest.raises(ConfigError, match=r"credit 'distil' requires 'distil_costs'.*allowed: add group transform 'distil'"):
+    with pytest.raises(ConfigError,
+                       match=r"credit 'distil' requires 'distil_costs'.*allowed: add group transform 'distil'"):
         load(None, ["credit=[distil]", "loss.terms=[ppo_clip, distil]", "teacher=frozen"])
-    with pytest.raises(ConfigError, match=r"credit 'distil' requires 'policy_gradient'.*allowed: add loss 'paft' or .*loss 'ppo_clip'"):
+    with pytest.raises(ConfigError,
+                       match=r"credit 'distil' requires 'policy_gradient'.*allowed: add loss 'paft' or "
+                             r".*loss 'ppo_clip'"):
         load(None, ["credit=[distil]", "rollout.transforms=[distil]", "loss.terms=[distil]", "teacher=frozen"])
     with pytest.raises(ConfigError, match=r"rollout.transforms.0: group transform 'distil' requires 'teacher'"):
         load(None, ["rollout.transforms=[distil]"])

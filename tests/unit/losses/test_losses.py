@@ -85,6 +85,6 @@ def test_reductions_are_micro_batch_invariant_and_padding_invariant():
         full = reduce(loss, mask, norm, mode)
         parts = sum(reduce(loss[i:i + 2], mask[i:i + 2], norm, mode) for i in range(0, 8, 2))
         assert_close(full, parts, rtol=0, atol=1e-6)
-        padded = reduce(torch.cat([loss, torch.randn(8, 3)], 1), torch.cat([mask, torch.zeros(8, 3, dtype=torch.bool)], 1),
-                        norm, mode)
+        padded = reduce(torch.cat([loss, torch.randn(8, 3)], 1),
+                        torch.cat([mask, torch.zeros(8, 3, dtype=torch.bool)], 1), norm, mode)
         assert_close(full, padded, rtol=0, atol=1e-6)

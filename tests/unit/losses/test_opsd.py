@@ -124,6 +124,7 @@ def test_through_the_learner_a_teacher_equal_to_the_student_gives_zero_loss(tiny
         teacher = CountingTeacher(TEACHERS.get("frozen").build(TeacherConfig(top_k=top_k), env))
         over = ["optim.grad_clip=0", f"teacher={{name: frozen, top_k: {top_k}}}",
                 f"loss.terms=[{{name: opsd, support: {support}}}]"]
-        m = learner(copy.deepcopy(model), tokenizer, over, teacher=teacher).step(rows([s], [torch.zeros(s.length)], [problem]))
+        m = learner(copy.deepcopy(model), tokenizer, over, teacher=teacher).step(
+            rows([s], [torch.zeros(s.length)], [problem]))
         assert abs(m["loss/opsd_div"]) < 1e-6 and m["update/grad_norm"] < 1e-5, support
         assert teacher.metrics()["teacher/forwards"] == 1.0

@@ -137,11 +137,14 @@ def test_paft_update_equals_on_policy_pg_with_garl_no_baseline_and_skips_unpicke
 
 def test_pairing_and_ranges_fail_at_load():
     assert load(None, PAIRED).advantage.name == "paft"
-    with pytest.raises(ConfigError, match=r"loss.terms.0: loss 'paft' requires 'paft_weights'.*allowed: add advantage 'paft'"):
+    with pytest.raises(ConfigError,
+                       match=r"loss.terms.0: loss 'paft' requires 'paft_weights'.*allowed: add advantage 'paft'"):
         load(None, ["loss.terms=[paft]"])
-    with pytest.raises(ConfigError, match=r"advantage: advantage 'paft' requires 'paft_loss'.*allowed: add loss 'paft'"):
+    with pytest.raises(ConfigError,
+                       match=r"advantage: advantage 'paft' requires 'paft_loss'.*allowed: add loss 'paft'"):
         load(None, ["advantage.name=paft"])
-    with pytest.raises(ConfigError, match=r"advantage 'paft' cannot run with advantage transform 'garl' \(advantage_transforms.0\): both 'q_weighting'"):
+    with pytest.raises(ConfigError, match=r"advantage 'paft' cannot run with advantage transform 'garl' "
+                                          r"\(advantage_transforms.0\): both 'q_weighting'"):
         load(None, [*PAIRED, "advantage_transforms=[garl]"])
     with pytest.raises(ConfigError, match=r"advantage: q=-0\.5: the J_Q continuum"):
         load(None, ["advantage={name: paft, q: -0.5}", "loss.terms=[paft]"])

@@ -35,8 +35,8 @@ def base_dir(tmp_path):
 
 
 def logprobs(model, tok):
-    packed = pack([torch.tensor(tok.encode("1+2="))] * 2, [torch.tensor(tok.encode("3;")), torch.tensor(tok.encode("4"))],
-                  tok.pad_token_id)
+    packed = pack([torch.tensor(tok.encode("1+2="))] * 2,
+                  [torch.tensor(tok.encode("3;")), torch.tensor(tok.encode("4"))], tok.pad_token_id)
     return completion_logprobs(model, packed).logprobs
 
 

@@ -18,8 +18,9 @@ CALLS: list[dict] = []
 
 
 def sample(text, ids=(4, 5)):
-    return Sample(prompt_ids=torch.tensor([1]), completion_ids=torch.tensor(ids), rollout_logprobs=torch.zeros(len(ids)),
-                  loss_mask=torch.ones(len(ids), dtype=torch.bool), finish_reason="stop", text=text)
+    return Sample(prompt_ids=torch.tensor([1]), completion_ids=torch.tensor(ids),
+                  rollout_logprobs=torch.zeros(len(ids)), loss_mask=torch.ones(len(ids), dtype=torch.bool),
+                  finish_reason="stop", text=text)
 
 
 class Task:

@@ -14,8 +14,8 @@ from groupwise.types import Group, Problem, Sample
 
 def sample(text):
     z = torch.zeros(1, dtype=torch.long)
-    return Sample(prompt_ids=z, completion_ids=z, rollout_logprobs=torch.zeros(1), loss_mask=torch.ones(1, dtype=torch.bool),
-                  finish_reason="stop", text=text)
+    return Sample(prompt_ids=z, completion_ids=z, rollout_logprobs=torch.zeros(1),
+                  loss_mask=torch.ones(1, dtype=torch.bool), finish_reason="stop", text=text)
 
 
 class CrashyTask:
@@ -44,7 +44,8 @@ def test_crashes_and_timeouts_are_counted_not_fatal(capsys):
     assert g.samples[0].reward_terms == {"correctness": 1.0, "format": 1.0}
     assert all(s.scored for s in g.samples)
     err = capsys.readouterr().err  # the first verifier failure is printed once, with its sample
-    assert err.count("groupwise: the verifier failed") == 1 and "'boom'" in err and "RuntimeError: parser crashed" in err
+    assert (err.count("groupwise: the verifier failed") == 1 and "'boom'" in err
+            and "RuntimeError: parser crashed" in err)
 
 
 def test_zero_weight_term_is_logged_only():
@@ -86,7 +87,8 @@ def test_a_crashing_term_is_counted_per_term_and_logged_once(capsys):
     def broken(groups, step):
         raise ZeroDivisionError("oops\nsecond line")
 
-    stage = RewardStage(CrashyTask(), [bound("broken", broken), bound("ok", lambda gs, s: [[1.0] * len(x.samples) for x in gs])], 1.0)
+    stage = RewardStage(CrashyTask(),
+                        [bound("broken", broken), bound("ok", lambda gs, s: [[1.0] * len(x.samples) for x in gs])], 1.0)
     g = Group(Problem("p1", "q", "7"), [sample("7"), sample("3")])
     stage([g], 0)
     stage([Group(Problem("p2", "q", "7"), [sample("7")])], 0)

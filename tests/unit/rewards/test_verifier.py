@@ -27,8 +27,8 @@ class Task:
 
 def sample(text):
     z = torch.zeros(1, dtype=torch.long)
-    return Sample(prompt_ids=z, completion_ids=z, rollout_logprobs=torch.zeros(1), loss_mask=torch.ones(1, dtype=torch.bool),
-                  finish_reason="stop", text=text)
+    return Sample(prompt_ids=z, completion_ids=z, rollout_logprobs=torch.zeros(1),
+                  loss_mask=torch.ones(1, dtype=torch.bool), finish_reason="stop", text=text)
 
 
 def test_a_verifier_stuck_in_c_code_is_killed_and_the_next_call_works():

@@ -28,7 +28,8 @@ def context(tokenizer, task, texts, step=0, group_size=4):
     counters: dict = {}
 
     def rng(stage):
-        return torch.Generator().manual_seed(stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
+        return torch.Generator().manual_seed(
+            stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
 
     return RolloutContext(
         generator=FakeGenerator(FakeConfig(completions=tuple(texts)), tokenizer), tokenizer=tokenizer, task=task,
@@ -88,8 +89,8 @@ def test_failed_and_ineligible_rollouts_untouched_bit_identical(tokenizer, lab):
     # properties 1 and 2: a wrong final answer with a correct commitment and a long tail is never edited;
     # a short tail (1 re-check = 10 < τ_abs 16) is not eligible; a group with nothing eligible is unchanged
     a, w = answers(lab)
-    texts = [f"<think>so {a}.{CHK}{CHK}{CHK}</think><answer>{w}</answer>", f"<think>so {a}.{CHK}</think><answer>{a}</answer>",
-             f"<think>so {a}.</think><answer>{a}</answer>"]
+    texts = [f"<think>so {a}.{CHK}{CHK}{CHK}</think><answer>{w}</answer>",
+             f"<think>so {a}.{CHK}</think><answer>{a}</answer>", f"<think>so {a}.</think><answer>{a}</answer>"]
     groups, ctx = scored(tokenizer, lab, texts)
     before = [(s, s.completion_ids.clone(), s.rollout_logprobs.clone(), s.reward) for s in groups[0].samples]
     adv_before = grpo(ScoredBatch.from_groups(groups), GRPOConfig())
@@ -107,7 +108,8 @@ def test_replace_keeps_rewards_and_advantages(tokenizer, lab):
     # property 5
     a, w = answers(lab)
     texts = [f"<think>so {a}.{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>",
-             f"<think>so {a}.{CHK}{CHK}{CHK}</think><answer>{a}</answer>", f"<think>so {w}.</think><answer>{w}</answer>"]
+             f"<think>so {a}.{CHK}{CHK}{CHK}</think><answer>{a}</answer>",
+             f"<think>so {w}.</think><answer>{w}</answer>"]
     groups, ctx = scored(tokenizer, lab, texts)
     r0, a0 = [s.reward for s in groups[0].samples], grpo(ScoredBatch.from_groups(groups), GRPOConfig())
     out = dre(DREConfig(), None)(groups, ctx)

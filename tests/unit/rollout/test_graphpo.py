@@ -58,7 +58,8 @@ def context(tokenizer, task, group_size=8, max_tokens=48, step=0):
     counters: dict = {}
 
     def rng(stage):
-        return torch.Generator().manual_seed(stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
+        return torch.Generator().manual_seed(
+            stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
 
     return RolloutContext(
         generator=Scripted(tokenizer), tokenizer=tokenizer, task=task, score=lambda gs: scorer(gs, step),

@@ -85,7 +85,8 @@ def test_unshared_prefill_and_no_compaction_give_the_same_samples(tiny_model, to
 def test_forced_prefix_per_row_caps_and_eos(tiny_model, tokenizer):
     gen = HFGenerator(HFConfig(), tiny_model, tokenizer)
     nt = tokenizer.convert_tokens_to_ids("<NT>")
-    reqs = [Request(prompt(tokenizer, "1+1"), prefix=(nt,), max_tokens=3), Request(prompt(tokenizer, "1+1"), max_tokens=7)]
+    reqs = [Request(prompt(tokenizer, "1+1"), prefix=(nt,), max_tokens=3),
+            Request(prompt(tokenizer, "1+1"), max_tokens=7)]
     a, b = gen.generate(reqs, SamplingParams(max_tokens=20), rng())
     assert a.completion_ids[0].item() == nt and a.forced.tolist()[:1] == [True] and not a.forced[1:].any()
     assert len(a.completion_ids) <= 3 and len(b.completion_ids) <= 7

@@ -94,7 +94,8 @@ def test_default_tolerance_follows_the_dtype():
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["rollout.sync_check=off"], "rollout.sync_check: False is not allowed; allowed: none, resync, error"),  # YAML: off = false
+    # YAML: off = false
+    (["rollout.sync_check=off"], "rollout.sync_check: False is not allowed; allowed: none, resync, error"),
     (["rollout.sync_check=none", "rollout.sync_check_tol=0.1"], "sync_check_tol=0.1: unused with sync_check=none"),
     (["rollout.sync_check_tol=-1"], "sync_check_tol=-1.0: allowed >= 0"),
 ])

@@ -32,7 +32,8 @@ def context(tokenizer, task, generator, step=0, group_size=6, max_tokens=48, ter
     counters: dict = {}
 
     def rng(stage):
-        return torch.Generator().manual_seed(stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
+        return torch.Generator().manual_seed(
+            stable_seed(0, step, stage, next(counters.setdefault(stage, itertools.count()))))
 
     return RolloutContext(
         generator=generator, tokenizer=tokenizer, task=task, score=lambda gs: scorer(gs, step),
@@ -142,7 +143,8 @@ def test_two_phase_logprobs_match_teacher_forcing(tiny_model, tokenizer, mode_la
     tiny_model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
     gen = HFGenerator(HFConfig(), tiny_model, tokenizer)
     ctx = context(tokenizer, mode_lab, gen, step=9, group_size=8, max_tokens=16)
-    groups = built(think_modes(ThinkModesConfig(cap_nt=4, cap_sh=8, warmup_steps=0), None), list(mode_lab.test[:2]), ctx)
+    groups = built(think_modes(ThinkModesConfig(cap_nt=4, cap_sh=8, warmup_steps=0), None), list(mode_lab.test[:2]),
+                   ctx)
     samples = [s for g in groups for s in g.samples]
     assert {s.meta["mode"] for s in samples} >= {"<NT>", "<SH>"}
     packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)

@@ -189,8 +189,10 @@ def test_resume_with_workers_equals_resume_in_process(ray_session, tmp_path):
     (["rollout.workers=3", "rollout.shards=2"], "workers=3: allowed 0 or at most rollout.shards (2)"),
     (["rollout.workers=1", "reward.terms=[acoer]"], "reward.terms.0: reward 'acoer' keeps checkpointed state"),
     (["rollout.workers=1", "reward.terms=[{name: python, function: math:floor}]"], "reports metrics"),
-    (["rollout.workers=1", "task.modes=true", "rollout.builder=think_modes"], "rollout.builder: group builder 'think_modes' reports"),
-    (["rollout.workers=1", "rollout.generator=fake"], "rollout.generator: generator 'fake' must run in the training process"),
+    (["rollout.workers=1", "task.modes=true", "rollout.builder=think_modes"],
+     "rollout.builder: group builder 'think_modes' reports"),
+    (["rollout.workers=1", "rollout.generator=fake"],
+     "rollout.generator: generator 'fake' must run in the training process"),
 ])
 def test_what_cannot_run_in_a_worker_is_refused_at_load(overrides, message):
     pytest.importorskip("ray")

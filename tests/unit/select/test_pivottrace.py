@@ -288,7 +288,7 @@ def test_probe_determinism_and_state_round_trip(tiny_model, tokenizer, lab):
     def run(sel, steps):
         return [[(p.id, p.answer) for p in sel.next(s, 4, make_ctx(tiny_model, tokenizer, lab, s))] for s in steps]
 
-    a, b = SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=1)), SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=1))
+    a, b = (SELECTORS.get("pivottrace").build(cfg, BuildEnv(run=None, task=lab, seed=1)) for _ in range(2))
     first = run(a, range(3))
     assert first == run(b, range(3)) and a.state_dict() == b.state_dict()
     assert a.round == 2 and a.metrics()["select/pool_size"] == 8.0  # re-triaged at step 2

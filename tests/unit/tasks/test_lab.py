@@ -95,8 +95,8 @@ def test_modes():
     assert all(lab.verify(p, t) for p, t in lab.sft_examples(random.Random(0), 60))
 
 
-@pytest.mark.parametrize("kw,msg", [({"ops": "+/"}, "ops"), ({"p_slip": 1.5}, "p_slip"), ({"min_steps": 5, "max_steps": 2},
-                                                                                          "min_steps")])
+@pytest.mark.parametrize("kw,msg", [({"ops": "+/"}, "ops"), ({"p_slip": 1.5}, "p_slip"),
+                                    ({"min_steps": 5, "max_steps": 2}, "min_steps")])
 def test_bad_config(kw, msg):
     with pytest.raises(ValueError, match=msg):
         LabConfig(**kw)
@@ -158,7 +158,8 @@ def test_label_noise_share_is_within_a_binomial_bound_and_fixed_per_prompt():
     assert len(shared) > 100 and all(q.answer == label[q.prompt] for q in shared)
     # nested: the prompts corrupted at 0.1 are a subset of those corrupted at 0.2
     low = Lab(LabConfig(**NOISY, label_noise=0.1), seed=0)
-    assert {low.train[i].prompt for i in range(n) if "clean_answer" in low.train[i].meta} < {p.prompt for p in corrupted}
+    assert ({low.train[i].prompt for i in range(n) if "clean_answer" in low.train[i].meta}
+            < {p.prompt for p in corrupted})
 
 
 def test_label_noise_never_touches_held_out_problems_or_the_warm_start():
@@ -230,7 +231,8 @@ def test_correct_on_splits_the_verdict_by_corrupted_and_clean_labels():
 def test_step_credit_is_the_share_of_running_values_written_at_their_step(text, credit):
     from groupwise.types import Problem
 
-    problem = Problem(id="p", prompt="3+5-2+7", answer="3", difficulty=3, meta={"xs": (3, 5, 2, 7), "ops": ("+", "-", "+")})
+    problem = Problem(id="p", prompt="3+5-2+7", answer="3", difficulty=3,
+                      meta={"xs": (3, 5, 2, 7), "ops": ("+", "-", "+")})
     assert Lab(LabConfig(), seed=0).step_credit(problem, text) == pytest.approx(credit, abs=1e-12)
 
 

@@ -36,7 +36,8 @@ def n_tokens(tokenizer, text: str) -> int:
 
 def test_the_recipe_is_the_documented_setting(headroom):
     c = headroom.cfg
-    assert (c.ops, c.min_steps, c.max_steps, c.p_wrap_slip, c.max_checks, c.privileged_frac) == ("+", 2, 12, 0.6, 2, 0.3)
+    assert ((c.ops, c.min_steps, c.max_steps, c.p_wrap_slip, c.max_checks, c.privileged_frac)
+            == ("+", 2, 12, 0.6, 2, 0.3))
 
 
 def test_held_out_set_holds_every_difficulty_equally(headroom):
@@ -60,7 +61,8 @@ def test_warm_start_lengths_spread_over_4x_and_rechecks_are_droppable(headroom, 
     assert lengths[int(0.9 * len(lengths))] / lengths[int(0.1 * len(lengths))] >= 2.4  # ~2.6 with uniform k
     for p, t in pairs:  # dropping the re-checks never changes the verdict
         body = t.split("so ", 1)
-        stripped = body[0] + "so " + body[1].split("chk", 1)[0].split("</think>")[0] + "</think>" + t.split("</think>")[1]
+        stripped = (body[0] + "so " + body[1].split("chk", 1)[0].split("</think>")[0] + "</think>"
+                    + t.split("</think>")[1])
         assert headroom.verify(p, stripped) == headroom.verify(p, t)
         assert t.count("chk ") <= 2
 

@@ -92,7 +92,8 @@ def test_uneven_batches_do_make_one_rank_idle():
     assert len(plans[0]) != len(plans[1])
 
 
-@pytest.mark.parametrize("override,key", [("model.lora={r: 4}", "model.lora"), ("rollout.workers=1", "rollout.workers")])
+@pytest.mark.parametrize("override,key", [("model.lora={r: 4}", "model.lora"),
+                                          ("rollout.workers=1", "rollout.workers")])
 def test_what_fsdp_does_not_support_is_a_one_line_load_error(override, key):
     from groupwise.config import load
     from groupwise.registry import ConfigError
