@@ -44,6 +44,7 @@ Usage: PYTHONPATH=src python experiments/headroom_lab.py --check          # prec
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import time
@@ -92,6 +93,165 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -
             tot["tokens"] += float(m.sum())
     n = tot.pop("tokens")
     return {k: v / n for k, v in tot.items()} | {"tokens": n}
+
+
+_STEP = re.compile(r"(\d)\+(\d)=(\d);")
+
+
+def step_stats(pairs) -> dict[str, float]:
+    """Per-step arithmetic of written traces, ``pairs`` = (problem, completion text): every ``a+b=c;`` before the
+    commitment ``so``. ``sum_ok``: c is (a + b) mod 10 for the operands as written, or, on a wrapping step
+    (a + b >= 10), one more (the designed slip counts as right); ``exact``: c is (a + b) mod 10; ``chained``: a is
+    the previous written result (x0 first); ``operand``: b is the chain's next digit; ``slip_rate``: the share of
+    the wrapping steps with a right sum that took the slip (the SFT data: 0.6); ``steps_right``: the trace has k
+    steps."""
+    c: dict[str, float] = defaultdict(float)
+    for prob, text in pairs:
+        xs = prob.meta["xs"]
+        body = text.split("<think>", 1)[1] if "<think>" in text else ""
+        steps = _STEP.findall(body.split("so ", 1)[0].split("</think>", 1)[0])
+        c["traces"] += 1
+        c["steps_right"] += len(steps) == prob.difficulty
+        prev = xs[0]
+        for i, (a, b, v) in enumerate(steps):
+            a, b, v = int(a), int(b), int(v)
+            s, wrap = a + b, a + b >= 10
+            ok = v == s % 10 or (wrap and v == (s + 1) % 10)
+            c["steps"] += 1
+            c["sum_ok"] += ok
+            c["exact"] += v == s % 10
+            c["chained"] += a == prev
+            c["operand"] += i + 1 < len(xs) and b == xs[i + 1]
+            c["wrap_steps"] += wrap
+            c["wrap_ok"] += wrap and ok
+            c["wrap_slipped"] += wrap and v == (s + 1) % 10
+            c["nowrap_ok"] += (not wrap) and ok
+            prev = v
+    n, w = max(c["steps"], 1), max(c["wrap_steps"], 1)
+    return {"traces": c["traces"], "steps": c["steps"], "steps_right": c["steps_right"] / max(c["traces"], 1),
+            "sum_ok": c["sum_ok"] / n, "exact": c["exact"] / n, "chained": c["chained"] / n,
+            "operand": c["operand"] / n, "sum_ok_wrap": c["wrap_ok"] / w,
+            "sum_ok_nowrap": c["nowrap_ok"] / max(c["steps"] - c["wrap_steps"], 1),
+            "slip_rate": c["wrap_slipped"] / max(c["wrap_ok"], 1)}
+
+
+def forced_step_accuracy(model, tokenizer, problems) -> dict[str, float]:
+    """Teacher-forced per-step arithmetic on the clean reference traces (one forward, no sampling): at each step's
+    result digit, the probability the model puts on a right sum (the designed slip counting as right), so the
+    expected per-step ``sum_ok`` of a T = 1 sample given the operands; ``argmax_ok`` is greedy's. Split by wrapping
+    (a + b >= 10) or not, and ``slip_share`` = p(v + 1) / (p(v) + p(v + 1)) on wrapping steps (SFT data: 0.6)."""
+    import torch
+
+    from groupwise.models.forward import completion_logprobs, pack
+    from groupwise.tasks.base import render_prompt
+
+    digit = torch.tensor([tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
+    c: dict[str, float] = defaultdict(float)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(problems), 64):
+            chunk = problems[i:i + 64]
+            prompts = [torch.tensor(tokenizer.encode(render_prompt(p, tokenizer), add_special_tokens=False))
+                       for p in chunk]
+            comps = [torch.tensor(tokenizer.encode(p.reference, add_special_tokens=False) + [tokenizer.eos_token_id])
+                     for p in chunk]
+            lp = completion_logprobs(model, pack(prompts, comps, tokenizer.pad_token_id), with_vocab=True).vocab_logprobs
+            for b, p in enumerate(chunk):
+                for m in _STEP.finditer(p.reference):
+                    pos = len(tokenizer.encode(p.reference[:m.start(3)], add_special_tokens=False))
+                    probs = lp[b, pos, digit].exp()
+                    a, x, v = int(m.group(1)), int(m.group(2)), int(m.group(3))
+                    wrap = a + x >= 10
+                    ok = float(probs[v] + (probs[(v + 1) % 10] if wrap else 0.0))
+                    top = int(probs.argmax())
+                    tag = "wrap" if wrap else "nowrap"
+                    c["n"] += 1
+                    c[f"n_{tag}"] += 1
+                    c["p_ok"] += ok
+                    c[f"p_ok_{tag}"] += ok
+                    c["argmax_ok"] += top == v or (wrap and top == (v + 1) % 10)
+                    if wrap:
+                        c["slip_share"] += float(probs[(v + 1) % 10] / (probs[v] + probs[(v + 1) % 10]))
+    if was_training:
+        model.train()
+    return {"p_ok": c["p_ok"] / c["n"], "argmax_ok": c["argmax_ok"] / c["n"],
+            "p_ok_wrap": c["p_ok_wrap"] / c["n_wrap"], "p_ok_nowrap": c["p_ok_nowrap"] / c["n_nowrap"],
+            "slip_share": c["slip_share"] / c["n_wrap"]}
+
+
+def step_check(out_dir: Path, recipe: str = RECIPE, n: int = 132, samples: int = 4, extra: list[str] = ()) -> dict:
+    """Per-step arithmetic at ``recipe``'s warm start on the first ``n`` held-out problems (12 per k at 132):
+    teacher-forced (``forced_step_accuracy``) and on ``samples`` samples at T = 1 plus greedy (``step_stats``)."""
+    import torch
+
+    from groupwise.config import load
+    from groupwise.drivers.setup import build
+    from groupwise.eval import evaluate
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    p = build(load(recipe, ["trainer.threads=1", *extra]))
+    problems = list(p.task.test)[:n]
+    res: dict = {"recipe": recipe, "overrides": list(extra), "forced": forced_step_accuracy(p.policy, p.tokenizer,
+                                                                                             problems)}
+    _, records = evaluate(p.generator, p.tokenizer, p.task, problems, p.encode, k=samples, temperature=1.0,
+                          max_tokens=128, verify=p.reward.check)
+    by_id = {x.id: x for x in problems}
+    for kind in ("sampled", "greedy"):
+        recs = [r for r in records if r["greedy"] == (kind == "greedy")]
+        res[kind] = step_stats([(by_id[r["id"]], r["text"]) for r in recs])
+        res[kind]["correct"] = statistics.fmean(r["correct"] for r in recs)
+        res[kind]["by_k"] = {k: round(statistics.fmean(r["correct"] for r in recs if r["difficulty"] == k), 3)
+                             for k in sorted({r["difficulty"] for r in recs})}
+    res["wall_s"] = time.time() - t0
+    (out_dir / "step_check.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def build_warm_start(out_dir: Path, recipe: str = RECIPE, every: int = 50, extra: list[str] = ()) -> Path:
+    """Build ``recipe``'s warm start through ``models.warm_start.ensure_warm_start`` (the bytes it caches and
+    packages), logging the SFT loss and ``forced_step_accuracy`` on 128 held-out problems every ``every`` steps
+    to ``out_dir/warm_start_build.jsonl``. The probe runs under ``no_grad`` between optimizer steps (after
+    ``zero_grad``) and draws no random numbers, so the trained weights are those of an unmonitored build."""
+    import torch
+
+    from groupwise import catalog
+    from groupwise.config import load
+    from groupwise.models import tiny, warm_start
+    from groupwise.registry import BuildEnv
+
+    torch.set_num_threads(1)
+    cfg = load(recipe, list(extra))
+    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    held_out = list(task.test)[:128]
+    built: dict = {}
+    original = tiny.build_model
+
+    def capture(*a, **k):
+        built["model"] = original(*a, **k)
+        return built["model"]
+
+    log = (out_dir / "warm_start_build.jsonl").open("a")
+    t0, losses = time.time(), []
+
+    def progress(step: int, steps: int, loss: float) -> None:
+        losses.append(loss)
+        if step % every == 0 or step == steps:
+            row = {"step": step, "steps": steps, "loss": statistics.fmean(losses[-every:]),
+                   "wall_s": round(time.time() - t0, 1),
+                   **forced_step_accuracy(built["model"], tiny.build_tokenizer(), held_out)}
+            print(json.dumps(row), flush=True)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+
+    tiny.build_model = capture
+    try:
+        path = warm_start.ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model, progress=progress)
+    finally:
+        tiny.build_model = original
+    print(f"warm start at {path} ({time.time() - t0:.0f} s)", flush=True)
+    return path
 
 
 def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict:
@@ -185,10 +345,19 @@ def by_difficulty(dirs: list[Path], when: str) -> str:
 def main() -> None:
     def own(p):
         p.add_argument("--check", action="store_true", help="only measure the preconditions at the warm start")
+        p.add_argument("--step-check", action="store_true", help="only measure per-step arithmetic at the warm start")
+        p.add_argument("--build", action="store_true", help="build the warm start, probing per-step arithmetic")
+        p.add_argument("--set", nargs="*", default=[], help="recipe overrides for --step-check / --build")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.step_check:
+        print(json.dumps(step_check(out_dir, extra=args.set), indent=1))
+        return
+    if args.build:
+        build_warm_start(out_dir, extra=args.set)
+        return
     if args.check:
         text = check_report(check(out_dir))
         (out_dir / "preconditions.md").write_text(text)
