@@ -4,7 +4,8 @@ Written before any run (settings and expectations fixed here first):
 
 Setting, ``recipes/headroom_lab.yaml``: chains of 2-12 additions mod 10 (difficulty k = operations, uniform in
 training; the held-out set cycles k = 2..12, so 132 problems hold 12 of each). The warm start (lab-tiny, 800 SFT
-steps, lr 2e-3, batch 64) imitates three things: wrapping steps off by one 60% of the time (a removable flaw whose
+steps, lr 2e-3, batch 64; since replaced, see "Second warm start" below) imitates three things: wrapping steps off
+by one 60% of the time (a removable flaw whose
 flawed answer is the majority, so greedy decoding copies it), 0-2 redundant ``chk`` re-checks after the commitment
 (tokens that can be dropped at no cost to correctness), and, on 30% of its examples, the problem shown with its clean
 reference trace (``task.privileged_frac``), so the same frozen weights shown the reference are a privileged teacher.
@@ -36,7 +37,28 @@ warm start took ~50 min on the contended 2-core machine and 3 x 150 steps would 
 GRPO gains (the demo removes the same flaw at k = 3) but stays <= 0.80 mean@8 after 80
 steps, because long chains rarely get a correct sample to learn from; whatever comes out is reported.
 
+Second warm start (the issue's next step; written before its GRPO runs). The first warm start (800 SFT steps, lr 2e-3,
+``lab-tiny-ca5724d507b3efc8``) left GRPO nothing to learn: a step's sum was right (counting the designed +1 wrap slip
+as right) in only 77% of sampled steps (``--step-check``: teacher-forced 0.778, sampled 0.772, greedy 0.897), so
+chains of k >= 4 were at chance. The same probe on the demo's warm start (``recipes/grpo_lab.yaml``, 400 steps,
+lr 2e-3) gives 0.81: lab-tiny never learned the addition table at lr 2e-3. A monitored build at lr 2e-3 with a
+2400-step schedule (``--build``, teacher-forced probe every 50 steps) stayed at chance (0.15) for 550 steps while the
+loss fell from 2.2 to 0.53 (it had learned the trace format and the copying, not the table); at lr 1e-3 (1200-step
+schedule) the table appears between steps 200 and 350 (0.16 -> 0.95) and is 0.98 at step 400. So the change is the
+SFT learning rate, not the model size: lab-tiny, lr 1e-3, 1200 steps (batch 64; ~40 min single-thread on a quiet
+machine), everything else as before (task, flaw, re-checks, privileged share, RL budget). Criterion before any RL
+run: per-step sum right (slip counted as right) >= 0.97 sampled at T = 1 on 132 held-out problems, with the slip
+share on wrapping steps still ~0.6 (the flaw intact, so greedy still copies it).
+
+Expectations for GRPO on the second warm start (before the runs): per-step success ~0.73 under the flaw alone, so
+warm-start mean@8 ~0.16 (0.52 at k = 2 to ~0.02 at k = 12), pass@8 ~0.5-0.6, greedy ~0.05-0.1 (greedy slips on
+every wrapping step). Removing the slip is one rule shared by every k, learnable from the short chains, so GRPO
+should gain within 80 steps as on the demo (0.185 -> 0.464 at k = 3), and stay <= 0.80 mean@8 because the long
+chains still need every step right. One seed first; its step-40 eval must show a gain before seeds 1 and 2 run.
+
 Usage: PYTHONPATH=src python experiments/headroom_lab.py --check          # preconditions (~5-10 min, one thread)
+       PYTHONPATH=src python experiments/headroom_lab.py --step-check     # per-step arithmetic (~10 s)
+       PYTHONPATH=src python experiments/headroom_lab.py --build          # the warm start, probed every 50 steps
        PYTHONPATH=src python experiments/headroom_lab.py --jobs 2         # GRPO, 3 seeds
        PYTHONPATH=src python experiments/headroom_lab.py --report-only
 """
