@@ -45,8 +45,8 @@ lr 2e-3) gives 0.81: lab-tiny never learned the addition table at lr 2e-3. A mon
 2400-step schedule (``--build``, teacher-forced probe every 50 steps) stayed at chance (0.15) for 550 steps while the
 loss fell from 2.2 to 0.53 (it had learned the trace format and the copying, not the table); at lr 1e-3 (1200-step
 schedule) the table appears between steps 200 and 350 (0.16 -> 0.95) and is 0.98 at step 400. So the change is the
-SFT learning rate, not the model size: lab-tiny, lr 1e-3, 1200 steps (batch 64; ~40 min single-thread on a quiet
-machine), everything else as before (task, flaw, re-checks, privileged share, RL budget). Criterion before any RL
+SFT learning rate, not the model size: lab-tiny, lr 1e-3, 1200 steps (batch 64; 44 min single-thread with the
+other core busy), everything else as before (task, flaw, re-checks, privileged share, RL budget). Criterion before any RL
 run: per-step sum right (slip counted as right) >= 0.97 sampled at T = 1 on 132 held-out problems, with the slip
 share on wrapping steps still ~0.6 (the flaw intact, so greedy still copies it).
 
@@ -55,6 +55,8 @@ warm-start mean@8 ~0.16 (0.52 at k = 2 to ~0.02 at k = 12), pass@8 ~0.5-0.6, gre
 every wrapping step). Removing the slip is one rule shared by every k, learnable from the short chains, so GRPO
 should gain within 80 steps as on the demo (0.185 -> 0.464 at k = 3), and stay <= 0.80 mean@8 because the long
 chains still need every step right. One seed first; its step-40 eval must show a gain before seeds 1 and 2 run.
+(Outcome, docs/results.md "The headroom lab": it learns, 0.137 -> 0.938 +- 0.020, so the <= 0.80 plateau is
+not met: the slip is one rule, gone by step 5-10 on every k.)
 
 Usage: PYTHONPATH=src python experiments/headroom_lab.py --check          # preconditions (~5-10 min, one thread)
        PYTHONPATH=src python experiments/headroom_lab.py --step-check     # per-step arithmetic (~10 s)
