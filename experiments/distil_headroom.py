@@ -17,6 +17,11 @@ step 50, 0.933 vs 0.965 at 150) and cost ~2.5x GRPO's step time; here the teache
 long chains where GRPO rarely samples a correct answer, which could favour DistIL on hard difficulties and on
 pass@8. No direction is predicted with confidence; whatever comes out is reported.
 
+The warm start was replaced before any DistIL run (lab-tiny, SFT lr 1e-3, 1200 steps; docs/results.md "The
+headroom lab"): the first one's sums were right in 77% of steps, the second's in 99.8%. On it GRPO goes 0.137 ->
+0.938 mean@8 by step 40 (the slip gone by step 5-10), so DistIL can differ from GRPO mainly in the first ~10 steps
+and in pass@8 before GRPO's reaches ~0.99; the teacher's forward KL is now 0.10 nats/token (was 0.68).
+
 Usage: PYTHONPATH=src python experiments/distil_headroom.py --jobs 2 [--report-only]
 """
 

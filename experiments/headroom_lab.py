@@ -4,7 +4,8 @@ Written before any run (settings and expectations fixed here first):
 
 Setting, ``recipes/headroom_lab.yaml``: chains of 2-12 additions mod 10 (difficulty k = operations, uniform in
 training; the held-out set cycles k = 2..12, so 132 problems hold 12 of each). The warm start (lab-tiny, 800 SFT
-steps, lr 2e-3, batch 64) imitates three things: wrapping steps off by one 60% of the time (a removable flaw whose
+steps, lr 2e-3, batch 64; since replaced, see "Second warm start" below) imitates three things: wrapping steps off
+by one 60% of the time (a removable flaw whose
 flawed answer is the majority, so greedy decoding copies it), 0-2 redundant ``chk`` re-checks after the commitment
 (tokens that can be dropped at no cost to correctness), and, on 30% of its examples, the problem shown with its clean
 reference trace (``task.privileged_frac``), so the same frozen weights shown the reference are a privileged teacher.
@@ -36,7 +37,30 @@ warm start took ~50 min on the contended 2-core machine and 3 x 150 steps would 
 GRPO gains (the demo removes the same flaw at k = 3) but stays <= 0.80 mean@8 after 80
 steps, because long chains rarely get a correct sample to learn from; whatever comes out is reported.
 
+Second warm start (the issue's next step; written before its GRPO runs). The first warm start (800 SFT steps, lr 2e-3,
+``lab-tiny-ca5724d507b3efc8``) left GRPO nothing to learn: a step's sum was right (counting the designed +1 wrap slip
+as right) in only 77% of sampled steps (``--step-check``: teacher-forced 0.778, sampled 0.772, greedy 0.897), so
+chains of k >= 4 were at chance. The same probe on the demo's warm start (``recipes/grpo_lab.yaml``, 400 steps,
+lr 2e-3) gives 0.81: lab-tiny never learned the addition table at lr 2e-3. A monitored build at lr 2e-3 with a
+2400-step schedule (``--build``, teacher-forced probe every 50 steps) stayed at chance (0.15) for 550 steps while the
+loss fell from 2.2 to 0.53 (it had learned the trace format and the copying, not the table); at lr 1e-3 (1200-step
+schedule) the table appears between steps 200 and 350 (0.16 -> 0.95) and is 0.98 at step 400. So the change is the
+SFT learning rate, not the model size: lab-tiny, lr 1e-3, 1200 steps (batch 64; 44 min single-thread with the
+other core busy), everything else as before (task, flaw, re-checks, privileged share, RL budget). Criterion before any
+RL run: per-step sum right (slip counted as right) >= 0.97 sampled at T = 1 on 132 held-out problems, with the slip
+share on wrapping steps still ~0.6 (the flaw intact, so greedy still copies it).
+
+Expectations for GRPO on the second warm start (before the runs): per-step success ~0.73 under the flaw alone, so
+warm-start mean@8 ~0.16 (0.52 at k = 2 to ~0.02 at k = 12), pass@8 ~0.5-0.6, greedy ~0.05-0.1 (greedy slips on
+every wrapping step). Removing the slip is one rule shared by every k, learnable from the short chains, so GRPO
+should gain within 80 steps as on the demo (0.185 -> 0.464 at k = 3), and stay <= 0.80 mean@8 because the long
+chains still need every step right. One seed first; its step-40 eval must show a gain before seeds 1 and 2 run.
+(Outcome, docs/results.md "The headroom lab": it learns, 0.137 -> 0.938 +- 0.020, so the <= 0.80 plateau is
+not met: the slip is one rule, gone by step 5-10 on every k.)
+
 Usage: PYTHONPATH=src python experiments/headroom_lab.py --check          # preconditions (~5-10 min, one thread)
+       PYTHONPATH=src python experiments/headroom_lab.py --step-check     # per-step arithmetic (~10 s)
+       PYTHONPATH=src python experiments/headroom_lab.py --build          # the warm start, probed every 50 steps
        PYTHONPATH=src python experiments/headroom_lab.py --jobs 2         # GRPO, 3 seeds
        PYTHONPATH=src python experiments/headroom_lab.py --report-only
 """
@@ -44,6 +68,7 @@ Usage: PYTHONPATH=src python experiments/headroom_lab.py --check          # prec
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import time
@@ -92,6 +117,166 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -
             tot["tokens"] += float(m.sum())
     n = tot.pop("tokens")
     return {k: v / n for k, v in tot.items()} | {"tokens": n}
+
+
+_STEP = re.compile(r"(\d)\+(\d)=(\d);")
+
+
+def step_stats(pairs) -> dict[str, float]:
+    """Per-step arithmetic of written traces, ``pairs`` = (problem, completion text): every ``a+b=c;`` before the
+    commitment ``so``. ``sum_ok``: c is (a + b) mod 10 for the operands as written, or, on a wrapping step
+    (a + b >= 10), one more (the designed slip counts as right); ``exact``: c is (a + b) mod 10; ``chained``: a is
+    the previous written result (x0 first); ``operand``: b is the chain's next digit; ``slip_rate``: the share of
+    the wrapping steps with a right sum that took the slip (the SFT data: 0.6); ``steps_right``: the trace has k
+    steps."""
+    c: dict[str, float] = defaultdict(float)
+    for prob, text in pairs:
+        xs = prob.meta["xs"]
+        body = text.split("<think>", 1)[1] if "<think>" in text else ""
+        steps = _STEP.findall(body.split("so ", 1)[0].split("</think>", 1)[0])
+        c["traces"] += 1
+        c["steps_right"] += len(steps) == prob.difficulty
+        prev = xs[0]
+        for i, (a, b, v) in enumerate(steps):
+            a, b, v = int(a), int(b), int(v)
+            s, wrap = a + b, a + b >= 10
+            ok = v == s % 10 or (wrap and v == (s + 1) % 10)
+            c["steps"] += 1
+            c["sum_ok"] += ok
+            c["exact"] += v == s % 10
+            c["chained"] += a == prev
+            c["operand"] += i + 1 < len(xs) and b == xs[i + 1]
+            c["wrap_steps"] += wrap
+            c["wrap_ok"] += wrap and ok
+            c["wrap_slipped"] += wrap and v == (s + 1) % 10
+            c["nowrap_ok"] += (not wrap) and ok
+            prev = v
+    n, w = max(c["steps"], 1), max(c["wrap_steps"], 1)
+    return {"traces": c["traces"], "steps": c["steps"], "steps_right": c["steps_right"] / max(c["traces"], 1),
+            "sum_ok": c["sum_ok"] / n, "exact": c["exact"] / n, "chained": c["chained"] / n,
+            "operand": c["operand"] / n, "sum_ok_wrap": c["wrap_ok"] / w,
+            "sum_ok_nowrap": c["nowrap_ok"] / max(c["steps"] - c["wrap_steps"], 1),
+            "slip_rate": c["wrap_slipped"] / max(c["wrap_ok"], 1)}
+
+
+def forced_step_accuracy(model, tokenizer, problems) -> dict[str, float]:
+    """Teacher-forced per-step arithmetic on the clean reference traces (one forward, no sampling): at each step's
+    result digit, the probability the model puts on a right sum (the designed slip counting as right), so the
+    expected per-step ``sum_ok`` of a T = 1 sample given the operands; ``argmax_ok`` is greedy's. Split by wrapping
+    (a + b >= 10) or not, and ``slip_share`` = p(v + 1) / (p(v) + p(v + 1)) on wrapping steps (SFT data: 0.6)."""
+    import torch
+
+    from groupwise.models.forward import completion_logprobs, pack
+    from groupwise.tasks.base import render_prompt
+
+    digit = torch.tensor([tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
+    c: dict[str, float] = defaultdict(float)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(problems), 64):
+            chunk = problems[i:i + 64]
+            prompts = [torch.tensor(tokenizer.encode(render_prompt(p, tokenizer), add_special_tokens=False))
+                       for p in chunk]
+            comps = [torch.tensor(tokenizer.encode(p.reference, add_special_tokens=False) + [tokenizer.eos_token_id])
+                     for p in chunk]
+            packed = pack(prompts, comps, tokenizer.pad_token_id)
+            lp = completion_logprobs(model, packed, with_vocab=True).vocab_logprobs
+            for b, p in enumerate(chunk):
+                for m in _STEP.finditer(p.reference):
+                    pos = len(tokenizer.encode(p.reference[:m.start(3)], add_special_tokens=False))
+                    probs = lp[b, pos, digit].exp()
+                    a, x, v = int(m.group(1)), int(m.group(2)), int(m.group(3))
+                    wrap = a + x >= 10
+                    ok = float(probs[v] + (probs[(v + 1) % 10] if wrap else 0.0))
+                    top = int(probs.argmax())
+                    tag = "wrap" if wrap else "nowrap"
+                    c["n"] += 1
+                    c[f"n_{tag}"] += 1
+                    c["p_ok"] += ok
+                    c[f"p_ok_{tag}"] += ok
+                    c["argmax_ok"] += top == v or (wrap and top == (v + 1) % 10)
+                    if wrap:
+                        c["slip_share"] += float(probs[(v + 1) % 10] / (probs[v] + probs[(v + 1) % 10]))
+    if was_training:
+        model.train()
+    return {"p_ok": c["p_ok"] / c["n"], "argmax_ok": c["argmax_ok"] / c["n"],
+            "p_ok_wrap": c["p_ok_wrap"] / c["n_wrap"], "p_ok_nowrap": c["p_ok_nowrap"] / c["n_nowrap"],
+            "slip_share": c["slip_share"] / c["n_wrap"]}
+
+
+def step_check(out_dir: Path, recipe: str = RECIPE, n: int = 132, samples: int = 4, extra: list[str] = ()) -> dict:
+    """Per-step arithmetic at ``recipe``'s warm start on the first ``n`` held-out problems (12 per k at 132):
+    teacher-forced (``forced_step_accuracy``) and on ``samples`` samples at T = 1 plus greedy (``step_stats``)."""
+    import torch
+    from groupwise.drivers.setup import build
+
+    from groupwise.config import load
+    from groupwise.eval import evaluate
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    p = build(load(recipe, ["trainer.threads=1", *extra]))
+    problems = list(p.task.test)[:n]
+    res: dict = {"recipe": recipe, "overrides": list(extra), "forced": forced_step_accuracy(p.policy, p.tokenizer,
+                                                                                             problems)}
+    _, records = evaluate(p.generator, p.tokenizer, p.task, problems, p.encode, k=samples, temperature=1.0,
+                          max_tokens=128, verify=p.reward.check)
+    by_id = {x.id: x for x in problems}
+    for kind in ("sampled", "greedy"):
+        recs = [r for r in records if r["greedy"] == (kind == "greedy")]
+        res[kind] = step_stats([(by_id[r["id"]], r["text"]) for r in recs])
+        res[kind]["correct"] = statistics.fmean(r["correct"] for r in recs)
+        res[kind]["by_k"] = {k: round(statistics.fmean(r["correct"] for r in recs if r["difficulty"] == k), 3)
+                             for k in sorted({r["difficulty"] for r in recs})}
+    res["wall_s"] = time.time() - t0
+    (out_dir / "step_check.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def build_warm_start(out_dir: Path, recipe: str = RECIPE, every: int = 50, extra: list[str] = ()) -> Path:
+    """Build ``recipe``'s warm start through ``models.warm_start.ensure_warm_start`` (the bytes it caches and
+    packages), logging the SFT loss and ``forced_step_accuracy`` on 128 held-out problems every ``every`` steps
+    to ``out_dir/warm_start_build.jsonl``. The probe runs under ``no_grad`` between optimizer steps (after
+    ``zero_grad``) and draws no random numbers, so the trained weights are those of an unmonitored build."""
+    import torch
+
+    from groupwise import catalog
+    from groupwise.config import load
+    from groupwise.models import tiny, warm_start
+    from groupwise.registry import BuildEnv
+
+    torch.set_num_threads(1)
+    cfg = load(recipe, list(extra))
+    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    held_out = list(task.test)[:128]
+    built: dict = {}
+    original = tiny.build_model
+
+    def capture(*a, **k):
+        built["model"] = original(*a, **k)
+        return built["model"]
+
+    log = (out_dir / "warm_start_build.jsonl").open("a")
+    t0, losses = time.time(), []
+
+    def progress(step: int, steps: int, loss: float) -> None:
+        losses.append(loss)
+        if step % every == 0 or step == steps:
+            row = {"step": step, "steps": steps, "loss": statistics.fmean(losses[-every:]),
+                   "wall_s": round(time.time() - t0, 1),
+                   **forced_step_accuracy(built["model"], tiny.build_tokenizer(), held_out)}
+            print(json.dumps(row), flush=True)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+
+    tiny.build_model = capture
+    try:
+        path = warm_start.ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model, progress=progress)
+    finally:
+        tiny.build_model = original
+    print(f"warm start at {path} ({time.time() - t0:.0f} s)", flush=True)
+    return path
 
 
 def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict:
@@ -166,7 +351,8 @@ def check_report(res: dict) -> str:
              f"{d0['divergent_frac']:.3f}; ratios {d['fwd_kl'] / d0['fwd_kl']:.1f}x (clipped "
              f"{d['fwd_kl_clipped'] / d0['fwd_kl_clipped']:.1f}x)\n",
              f"- wall time of the check: {res['wall_s']:.0f} s\n\n",
-             "| k | problems | mean@8 | pass@8 | greedy | mean length | chk per answer |\n|---|---|---|---|---|---|---|\n"]
+             "| k | problems | mean@8 | pass@8 | greedy | mean length | chk per answer |\n"
+             "|---|---|---|---|---|---|---|\n"]
     lines += [f"| {k} | {v['problems']} | {v['mean_at_8']:.3f} | {v['pass_at_8']:.3f} | {v['greedy']:.3f} | "
               f"{v['len_mean']:.1f} | {v['chk_mean']:.2f} |\n" for k, v in res["by_difficulty"].items()]
     return "".join(lines)
@@ -185,10 +371,19 @@ def by_difficulty(dirs: list[Path], when: str) -> str:
 def main() -> None:
     def own(p):
         p.add_argument("--check", action="store_true", help="only measure the preconditions at the warm start")
+        p.add_argument("--step-check", action="store_true", help="only measure per-step arithmetic at the warm start")
+        p.add_argument("--build", action="store_true", help="build the warm start, probing per-step arithmetic")
+        p.add_argument("--set", nargs="*", default=[], help="recipe overrides for --step-check / --build")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.step_check:
+        print(json.dumps(step_check(out_dir, extra=args.set), indent=1))
+        return
+    if args.build:
+        build_warm_start(out_dir, extra=args.set)
+        return
     if args.check:
         text = check_report(check(out_dir))
         (out_dir / "preconditions.md").write_text(text)
@@ -203,7 +398,8 @@ def main() -> None:
     secs = harness.agg([harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs])
     png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/pass_at_k", "reward/correct_frac"], out_dir / "curves.png")
     lines = [f"# {EXPERIMENT}\n\n`{RECIPE}`, seeds {args.seeds}, 132 held-out problems (12 per k = 2..12), mean@8 "
-             "and pass@8 at T = 1, greedy. Cells: mean ± std [min, max] over seeds.\n\n", harness.table(rows, list(KEYS)),
+             "and pass@8 at T = 1, greedy. Cells: mean ± std [min, max] over seeds.\n\n",
+             harness.table(rows, list(KEYS)),
              "\nHeld-out mean@8 along training:\n\n", harness.eval_curve(runs),
              "\nHeld-out pass@8 along training:\n\n", harness.eval_curve(runs, "eval/pass_at_k"),
              f"\nHeld-out mean@8 by difficulty, warm start and after step {last}:\n\n", by_difficulty(dirs, "before"),

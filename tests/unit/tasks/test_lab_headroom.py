@@ -38,6 +38,13 @@ def test_the_recipe_is_the_documented_setting(headroom):
     c = headroom.cfg
     assert ((c.ops, c.min_steps, c.max_steps, c.p_wrap_slip, c.max_checks, c.privileged_frac)
             == ("+", 2, 12, 0.6, 2, 0.3))
+    m = load(ROOT / "recipes" / "headroom_lab.yaml").model  # lr 2e-3 never learned the addition table (results.md)
+    assert (m.path, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch) == ("embedded:lab-tiny", 1200, 1e-3, 64)
+
+
+def test_distil_runs_on_the_same_task_and_warm_start():
+    a, b = (load(ROOT / "recipes" / f"{n}.yaml") for n in ("headroom_lab", "distil_headroom_lab"))
+    assert (a.task, a.model, a.optim, a.trainer.steps) == (b.task, b.model, b.optim, b.trainer.steps)
 
 
 def test_held_out_set_holds_every_difficulty_equally(headroom):
