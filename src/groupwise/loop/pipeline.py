@@ -241,8 +241,14 @@ class Pipeline:
             if self.shards is not None:
                 out.update(self.shards.metrics())
             return out
-        if self.generator.check is not None:  # the generator's and the Ray workers' probes (one SyncCheck)
-            out.update(self.generator.check.metrics())
+        checks = [self.generator.check]  # the generator's and the Ray workers' probes (one SyncCheck)
+        if self.lag is not None and self.lag.view.generator is not self.generator:  # the snapshot's own engine
+            checks.append(self.lag.view.generator.check)  # (and, with Ray workers, theirs)
+        got = [c.metrics() for c in checks if c is not None]
+        if got:
+            out.update({"sync/failures": sum(g["sync/failures"] for g in got),
+                        "sync/probe_dlogp": max(g["sync/probe_dlogp"] for g in got),
+                        "perf/sync_check_s": sum(g["perf/sync_check_s"] for g in got)})
         if self.teacher is not None:
             out.update(self.teacher.metrics())
         return out
