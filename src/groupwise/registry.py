@@ -211,8 +211,9 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str, where: str = "") -> Entry[T]:
-        if name not in self._entries and name in self._unloaded():
-            importlib.import_module(self._unloaded()[name])  # its decorator registers it
+        module = None if name in self._entries else source_index().get(self.kind, {}).get(name)
+        if module is not None:
+            importlib.import_module(module)  # its decorator registers it
         if name not in self._entries:
             valid = ", ".join(self.names()) or "(none)"
             close = difflib.get_close_matches(name, self.names(), n=1)

@@ -90,15 +90,15 @@ def providers(ability: str) -> list[str]:
             if not callable(e.provides):
                 out += [f"{e.kind} '{e.name}'"] if ability in e.provides else []
                 continue
+            doc = (e.provides.__doc__ or "").strip()
             try:
                 default = e.abilities("provides", e.config())
             except Exception:  # a config class without defaults for every field: named if its doc names it
-                default = (ability,) if ability in (e.provides.__doc__ or "") else ()
-            doc = (e.provides.__doc__ or "").strip().splitlines()
+                default = (ability,) if ability in doc else ()
             if ability in default:
                 out.append(f"{e.kind} '{e.name}'")
-            elif doc and ability in e.provides.__doc__:
-                out.append(f"{e.kind} '{e.name}' ({doc[0].strip().rstrip('.')})")
+            elif ability in doc:
+                out.append(f"{e.kind} '{e.name}' ({doc.splitlines()[0].rstrip('.')})")
     return out or ["a component that provides it (none is registered)"]
 
 

@@ -125,15 +125,15 @@ class Lag:
     def at(self, step: int) -> tuple[Pipeline, int]:
         """The snapshot pipeline at version max(0, step − K), and that version; older versions are dropped."""
         v = max(0, step - self.k)
+        if self.loaded != v:
+            params = dict(self.snapshot.named_parameters())
+            with torch.no_grad():
+                for name, value in self.versions[v].items():
+                    params[name].copy_(value)
         if self.loaded != v or self.shared:  # a shared engine was given the policy since (``trainer.finish``)
-            if self.loaded != v:
-                params = dict(self.snapshot.named_parameters())
-                with torch.no_grad():
-                    for name, value in self.versions[v].items():
-                        params[name].copy_(value)
             self.view.generator.sync_weights(self.snapshot)  # an engine holding its own copy reloads (and is probed)
             self.view.shards.sync_weights(self.snapshot)  # Ray workers: the snapshot's weights with the next shard
-            self.loaded = v
+        self.loaded = v
         for old in [u for u in self.versions if u < v]:
             del self.versions[old]
         return self.view, v

@@ -103,19 +103,23 @@ def bind(key: str, spec: Spec, env: BuildEnv) -> Part:
     return Part(key, entry.build(spec.cfg, env), entry)
 
 
-def reward_terms(specs: tuple[Spec, ...], env: BuildEnv, parts: list[Part] | None = None) -> list[BoundTerm]:
-    """The ``reward.terms``, built, each with its weight and metric label (added to ``parts``)."""
-    bound = [bind(f"reward{i}/{s.name}", s, env) for i, s in enumerate(specs)]
+def _bind_terms(prefix: str, specs: tuple[Spec, ...], env: BuildEnv, parts: list[Part] | None) -> list[Part]:
+    """Each weighted term built under ``<prefix><i>/<name>`` (added to ``parts``)."""
+    bound = [bind(f"{prefix}{i}/{s.name}", s, env) for i, s in enumerate(specs)]
     if parts is not None:
         parts += bound
+    return bound
+
+
+def reward_terms(specs: tuple[Spec, ...], env: BuildEnv, parts: list[Part] | None = None) -> list[BoundTerm]:
+    """The ``reward.terms``, built, each with its weight and metric label (added to ``parts``)."""
+    bound = _bind_terms("reward", specs, env, parts)
     return [BoundTerm(p.entry.metric_name(s.cfg), s.weight, p.obj, p.entry) for p, s in zip(bound, specs)]
 
 
 def loss_terms(specs: tuple[Spec, ...], env: BuildEnv, parts: list[Part] | None = None) -> list[BoundLoss]:
     """The ``loss.terms``, built, each with its weight and what it reads (its entry's ``needs`` for its config)."""
-    bound = [bind(f"loss{i}/{s.name}", s, env) for i, s in enumerate(specs)]
-    if parts is not None:
-        parts += bound
+    bound = _bind_terms("loss", specs, env, parts)
     return [BoundLoss(s.name, s.weight, p.obj, p.entry, p.entry.needs_of(s.cfg)) for p, s in zip(bound, specs)]
 
 
