@@ -1,15 +1,29 @@
 """Asynchronous rollouts at equal samples: does sampling step t from policy version t − K cost accuracy?
 
-Setting: recipes/grpo_lab.yaml unchanged (80 steps x 16 prompts x 8 samples, 48 completion tokens, lr 1e-4,
-the cached SFT warm start), so every arm trains on the same number of samples; the only difference is
-``rollout.max_async_level`` K = 0 (the synchronous loop), 1 and 2 (loop/lag.py: step t sampled by version
-max(0, t − K), PPO ratio against that version's log-probs). 3 seeds. One torch thread per run (with K > 0 the
-update thread and the rollout thread each run single-threaded ops, so one run may use both cores).
+Three settings (``--setting``), each with ``rollout.max_async_level`` K = 0 (the synchronous loop), 1 and 2
+(loop/lag.py: step t sampled by version max(0, t − K), PPO ratio against that version's log-probs) as the only
+difference between arms, so every arm trains on the same number of samples. 3 seeds. One torch thread per
+stage (with K > 0 the update thread and the rollout thread each run single-threaded ops, so one run may use
+both cores).
 
-Report: held-out mean@4 (T=1) and greedy accuracy after training, mean ± std [min, max] over seeds; the PPO
-ratio's clip fraction (how far the lag moves the ratio) and the wall-clock per run.
+- ``lab`` (default): recipes/grpo_lab.yaml unchanged (lab-tiny, 80 steps x 16 prompts x 8 samples, 48
+  completion tokens, lr 1e-4, the cached SFT warm start).
+- ``lab-small``: the same recipe on ``embedded:lab-small`` (4.8M parameters; its own 400-step warm start,
+  built once into the cache), everything else equal.
+- ``smollm2``: recipes/smollm2_math.yaml (SmolLM2-135M-Instruct, LoRA) for 50 steps, K = 1 and 2 only: a
+  100-step run there costs ~1 h on one thread, so the K = 0 arm is read from the committed GRPO experiment's
+  runs (``experiments/smollm2.py``, ``experiments/out/smollm2``) at their step-50 eval. Both use a constant
+  learning rate and the same seeds, so a 50-step run is those runs' first 50 steps (checked on the lab recipe:
+  docs/scaling.md); the step-0 eval is theirs too (``eval.before=false`` here).
 
-Usage: PYTHONPATH=src nice -n 19 python experiments/async_rollouts.py --jobs 1 [--seeds 0 1 2] [--report-only]
+Expectation (written before the lab-small and smollm2 runs): as on lab-tiny, K = 1 and 2 end within K = 0's
+seed spread, with the PPO ratio clipped on well under 1% of tokens at these learning rates.
+
+Report: held-out accuracy after training (mean@k at T=1 and greedy), mean ± std [min, max] over seeds; the
+PPO ratio's clip fraction (how far the lag moves the ratio) and the wall-clock per run.
+
+Usage: PYTHONPATH=src nice -n 19 python experiments/async_rollouts.py --jobs 1 [--setting lab|lab-small|smollm2]
+       [--seeds 0 1 2] [--report-only]
 """
 
 from __future__ import annotations
@@ -21,9 +35,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-EXPERIMENT, RECIPE = "async_rollouts", "recipes/grpo_lab.yaml"
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
-ARMS = {f"k{k}": [f"rollout.max_async_level={k}"] for k in (0, 1, 2)}
+SETTINGS = {  # setting -> (recipe, overrides, lags run here)
+    "lab": ("recipes/grpo_lab.yaml", [], (0, 1, 2)),
+    "lab-small": ("recipes/grpo_lab.yaml", ["model.path=embedded:lab-small"], (0, 1, 2)),
+    "smollm2": ("recipes/smollm2_math.yaml", ["trainer.steps=50", "eval.every=0", "eval.before=false"], (1, 2)),
+}
+SMOLLM2_K0, SMOLLM2_STEP = harness.OUT / "smollm2", 50  # the committed K = 0 runs, read at this step's eval
 KEYS = ("mean_at_k", "greedy_acc", "format_frac")
 
 
@@ -32,23 +50,37 @@ def clip_frac(d: Path) -> float:
     return statistics.fmean(r["loss/clip_frac_low"] + r["loss/clip_frac_high"] for r in rows)
 
 
+def eval_at(d: Path, step: int | None) -> dict[str, float]:
+    """The held-out eval of run ``d`` at ``step`` (None: the last one), keys without the ``eval/`` prefix."""
+    rows = [r for r in harness.metrics(d) if "eval/mean_at_k" in r and (step is None or r["step"] == step)]
+    return {k: rows[-1][f"eval/{k}"] for k in KEYS}
+
+
 def main() -> None:
-    args = harness.cli_args(__doc__.splitlines()[0])
-    out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
-    runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *v] for k, v in ARMS.items()}, args)
-    rows = {"warm start (step 0)": {k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in runs["k0"]])
-                                    for k in KEYS}}
+    args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument(
+        "--setting", choices=list(SETTINGS), default="lab"))
+    experiment = "async_rollouts" if args.setting == "lab" else f"async_rollouts_{args.setting}"
+    recipe, extra, lags = SETTINGS[args.setting]
+    out_dir = Path(args.out) if args.out else harness.OUT / experiment
+    arms = {f"k{k}": [*COMMON, *extra, f"rollout.max_async_level={k}"] for k in lags}
+    runs = harness.run_arms(experiment, recipe, arms, args)
+    k0 = runs.get("k0") or [SMOLLM2_K0 / f"grpo_lora-s{s}" for s in args.seeds]
+    rows = {"warm start (step 0)": {k: harness.agg([eval_at(d, 0)[k] for d in k0]) for k in KEYS}}
+    if "k0" not in runs:
+        rows[f"K=0 (experiments/smollm2.py, step {SMOLLM2_STEP})"] = {
+            **{k: harness.agg([eval_at(d, SMOLLM2_STEP)[k] for d in k0]) for k in KEYS},
+            "clip_frac": harness.agg([0.0 for _ in k0])}
     for arm, dirs in runs.items():
-        rows[f"K={arm[1:]}"] = {**{k: harness.agg([harness.final_eval(d, f"eval/{k}") for d in dirs]) for k in KEYS},
+        rows[f"K={arm[1:]}"] = {**{k: harness.agg([eval_at(d, None)[k] for d in dirs]) for k in KEYS},
                                 "clip_frac": harness.agg([clip_frac(d) for d in dirs])}
     secs = {arm: statistics.fmean(harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs)
             for arm, dirs in runs.items()}
     png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/correct_frac"],
                               out_dir / "curves.png")
-    text = (f"# {EXPERIMENT}\n\n`{RECIPE}`, seeds {args.seeds}, 128 held-out problems (mean@4 at T=1, greedy), "
-            "equal samples per arm. Cells: mean ± std [min, max] over seeds.\n\n"
+    text = (f"# {experiment}\n\n`{recipe}` {' '.join(extra)}, seeds {args.seeds}, held-out mean@k at T=1 and "
+            "greedy, equal samples per arm. Cells: mean ± std [min, max] over seeds.\n\n"
             + harness.table(rows, [*KEYS, "clip_frac"])
-            + "\nRL wall-clock per run (one torch thread per thread, one run at a time, shared machine): "
+            + "\nRL wall-clock per run (one torch thread per stage): "
             + ", ".join(f"K={arm[1:]} {v:.0f} s" for arm, v in secs.items()) + f"\n\n![curves]({png.name})\n")
     (out_dir / "results.md").write_text(text)
     print(text)

@@ -209,14 +209,42 @@ class Learner:
             weighted &= batch.advantages.ne(0).any(-1)
         return torch.nonzero(weighted).flatten().tolist()
 
-    def step(self, batch: TokenBatch) -> dict[str, float]:
-        o = self.settings.optim
-        norm = Normalizer.from_masks(list(batch.completion_mask), float(self.settings.max_completion_tokens))
+    def plan(self, batch: TokenBatch) -> tuple[list[int], list[int], list[list[int]]]:
+        """(the active rows, this rank's share of them, its micro-batches of row indices)."""
         active = self.active_rows(batch)
         world = data_parallel()
         mine = shard_rows(active, batch.samples, *world) if world[1] > 1 else active
-        plan = [[mine[j] for j in mb] for mb in
-                plan_micro_batches([batch.samples[i] for i in mine], o.micro_batch_tokens, o.shared_prefix)]
+        o = self.settings.optim
+        return active, mine, [[mine[j] for j in mb] for mb in plan_micro_batches(
+            [batch.samples[i] for i in mine], o.micro_batch_tokens, o.shared_prefix)]
+
+    @torch.no_grad()
+    def behaviour_logprobs(self, model: torch.nn.Module, batch: TokenBatch) -> None:
+        """Sets ``old_logprobs`` (π_old) of the rows this step's update will run and that carry none (a
+        replayed row brings its own), from ``model``: an asynchronous run's snapshot of the weights that sampled
+        them (``loop/lag.py``). The same rows, micro-batches and forward as the update's first epoch, so the
+        pass costs what the update's forward does (inert rows skipped, each prompt once with
+        ``optim.shared_prefix``), and with ``model`` holding the policy's weights it gives the update's own
+        log-probs, bit for bit (ρ = 1 as in the synchronous loop)."""
+        was = model.training
+        model.eval()
+        dev = next(model.parameters()).device
+        for mb in self.plan(batch)[2]:
+            rows = [batch.samples[i] for i in mb]
+            if all(s.old_logprobs is not None for s in rows):
+                continue
+            packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], self.settings.pad_id, dev)
+            lp = self._forward(model, packed, rows).logprobs
+            for j, s in enumerate(rows):
+                if s.old_logprobs is None:
+                    s.old_logprobs = lp[j, :s.length].clone()
+        model.train(was)
+
+    def step(self, batch: TokenBatch) -> dict[str, float]:
+        o = self.settings.optim
+        norm = Normalizer.from_masks(list(batch.completion_mask), float(self.settings.max_completion_tokens))
+        active, mine, plan = self.plan(batch)
+        world = data_parallel()
         sums, first_old, teacher_cache = Sums(), {}, {}
         skipped = restored = 0.0
         idle = fsdp.on_all_ranks(len(plan), "max") - len(plan) if self.sharded else 0

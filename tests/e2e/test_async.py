@@ -3,6 +3,7 @@ for bit, step t is sampled by version max(0, t − K) with that version's behavi
 reproduces an uninterrupted one, and a failing or hung background update stops the run in one line."""
 
 import copy
+import dataclasses
 import json
 import threading
 import time
@@ -15,7 +16,7 @@ from groupwise.config import load
 from groupwise.loop import lag as lag_mod
 from groupwise.loop.lag import UpdateFailed, trainable
 from groupwise.loop.setup import build
-from groupwise.loop.trainer import lagged_step, train
+from groupwise.loop.trainer import lagged_step, prepare, train
 from groupwise.registry import ConfigError
 from groupwise.update import Learner
 
@@ -69,24 +70,38 @@ def test_step_t_is_sampled_by_version_t_minus_k(tmp_path, cache, monkeypatch, k,
 def test_behaviour_logprobs_are_the_sampling_versions_recomputed(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("GROUPWISE_CACHE", str(cache))
     p = build(load(RECIPE, [*ARGS, "rollout.max_async_level=1", f"out_dir={tmp_path}"]))
-    lagged_step(p, 0)  # update 0 -> version 1; step 1 is rolled out ahead on version 0
+    lagged_step(p, 0)  # update 0 -> version 1; step 1 is rolled out ahead on version 1 - K = 0
     version1 = trainable(p.policy)
     lagged_step(p, 1)  # update 1 -> version 2; step 2 is rolled out ahead on version 1
-    r = p.lag.ahead
+    r = p.lag.take(2)
     assert r.step == 2 and r.groups and {g.policy_version for g in r.groups} == {1}
-    samples = [s for g in r.groups for s in g.samples]
+    work = prepare(p, r)
+    samples = work.tokens.samples
+    assert all(s.old_logprobs is None for s in samples)  # set once the rows the update runs are known
+    work.tokens.advantages[:4] = 0.0  # one group made inert: it costs no pass and gets no log-probs
+    p.lag.behaviour(work.tokens, 2)
+    active = set(p.learner.active_rows(work.tokens))
+    assert len(active) == len(samples) - 4
+    assert all((s.old_logprobs is not None) == (i in active) for i, s in enumerate(samples))
     old = copy.deepcopy(p.policy)
     with torch.no_grad():
         for name, param in old.named_parameters():
             if name in version1:
                 param.copy_(version1[name])
-    import dataclasses
-
-    expected = dataclasses.replace(p, policy=old).policy_logprobs(samples)
-    now = p.policy_logprobs(samples)
-    for s, e in zip(samples, expected):
-        assert torch.equal(s.old_logprobs, e)
+    rows = [samples[i] for i in sorted(active)]
+    expected = dataclasses.replace(p, policy=old).policy_logprobs(rows)  # version 1, one plain pass
+    now = p.policy_logprobs(rows)
+    for s, e in zip(rows, expected):
+        torch.testing.assert_close(s.old_logprobs, e, rtol=0, atol=1e-5)  # other micro-batches: rounding only
     assert max(float((e - n).abs().max()) for e, n in zip(expected, now)) > 1e-4  # version 2 differs: not vacuous
+
+
+def test_a_snapshot_of_the_live_weights_gives_the_updates_own_logprobs_bit_for_bit(tmp_path, cache, monkeypatch):
+    """Step 1 of K = 1 is sampled by version 0, the weights its update starts from: the ratio is 1 exactly,
+    as in the synchronous loop, because the behaviour pass is the update's own forward (rows, micro-batches)."""
+    got = run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1", "trainer.steps=2")
+    assert got[0]["loss/ratio_mean"] == 1.0 and got[0]["loss/clip_frac_low"] + got[0]["loss/clip_frac_high"] == 0
+    assert got[1]["loss/ratio_mean"] != 1.0
 
 
 def test_a_resumed_k2_run_reproduces_the_uninterrupted_one(tmp_path, cache, monkeypatch):

@@ -3,9 +3,13 @@
 Schedule. Version v is the policy after v updates. Step t's rollouts are sampled by version max(0, t − K),
 whatever the threads' timing: while step t's update runs in a background thread, the main thread runs step
 t + 1's whole rollout stage (selector → shards → transforms → filter and refills → reward check) on a frozen
-copy of the weights (``at``), then the behaviour log-probs of its rows: the trainer's forward on that copy
-(``Sample.old_logprobs``; the PPO ratio is π_θ / π_{t+1−K}, and ``loss.importance_sampling`` keeps
-correcting sampler vs trainer at that version). The last K versions' trainable weights are kept (``keep``).
+copy of the weights (``at``). Once step t + 1's advantages are known, the behaviour log-probs of the rows its
+update runs are the learner's own forward on that copy (``behaviour``: ``Sample.old_logprobs``, the PPO ratio
+is π_θ / π_{t+1−K}, and ``loss.importance_sampling`` keeps correcting sampler vs trainer at that version); the
+same rows and micro-batches as the update's first epoch, so inert rows cost nothing and each prompt runs once
+with ``optim.shared_prefix`` (a pass over every row, each with its prompt, made K = 1 0.4× the speed of K = 0
+on the real model). That pass runs in the main thread before the update starts, not overlapped. The last K
+versions' trainable weights are kept (``keep``).
 
 Engines. The snapshot pipeline gets its own generator when the run's can be rebuilt on a module
 (``snapshot``: ``hf``); an engine that holds its own weights (``own_weights``: ``vllm``) is shared instead and
@@ -49,6 +53,7 @@ from groupwise.update import NonFiniteWeights
 
 if TYPE_CHECKING:
     from groupwise.loop.pipeline import Pipeline, Rollout
+    from groupwise.types import TokenBatch
 
 
 class UpdateFailed(RunStopped):
@@ -137,6 +142,15 @@ class Lag:
         for old in [u for u in self.versions if u < v]:
             del self.versions[old]
         return self.view, v
+
+    def behaviour(self, tokens: TokenBatch, step: int) -> None:
+        """π_old (``Sample.old_logprobs``, the PPO ratio's denominator) of the rows step ``step``'s update runs:
+        the learner's own forward on the snapshot, which still holds the version that sampled them (the next
+        ``at`` comes after), so the ratio and ``loss.importance_sampling`` see that version."""
+        if self.loaded != max(0, step - self.k):
+            raise RuntimeError(f"step {step + 1}: the snapshot holds version {self.loaded}, not the one that "
+                               f"sampled ({max(0, step - self.k)})")
+        self.p.learner.behaviour_logprobs(self.snapshot, tokens)
 
     def take(self, step: int) -> Rollout | None:
         """The rollout run ahead for ``step``, if any (none at the start and after a resume)."""

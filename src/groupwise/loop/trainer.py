@@ -46,6 +46,7 @@ def lagged_step(p: Pipeline, step: int) -> dict[str, float]:
     lag, t0 = p.lag, time.perf_counter()
     lag.keep(step)  # version `step`: the weights after step − 1's update
     work = prepare(p, lag.take(step) or lagged_rollout(p, step))
+    lag.behaviour(work.tokens, step)  # π_old of the rows the update runs, on the snapshot that sampled them
     t1 = time.perf_counter()
     update = lag.start(step, lambda: p.learner.step(work.tokens) if work.tokens.samples else {})
     try:
@@ -57,14 +58,10 @@ def lagged_step(p: Pipeline, step: int) -> dict[str, float]:
 
 
 def lagged_rollout(p: Pipeline, step: int) -> Rollout:
-    """Step ``step``'s rollout stage on the snapshot of version max(0, step − K); its rows' behaviour
-    log-probs (``Sample.old_logprobs``, the PPO ratio's denominator) are the trainer's forward on that
-    snapshot, so the ratio and ``loss.importance_sampling`` see the version that sampled."""
+    """Step ``step``'s rollout stage on the snapshot of version max(0, step − K). Its rows' behaviour
+    log-probs come later (``Lag.behaviour``, once the advantages say which rows the update runs)."""
     view, version = p.lag.at(step)
     r = rollout_stage(view, step, version)
-    samples = [s for g in r.groups for s in g.samples]
-    for s, lp in zip(samples, view.policy_logprobs(samples)):
-        s.old_logprobs = lp
     view.generator.release()
     return r
 
