@@ -9,7 +9,11 @@ both cores).
 - ``lab`` (default): recipes/grpo_lab.yaml unchanged (lab-tiny, 80 steps x 16 prompts x 8 samples, 48
   completion tokens, lr 1e-4, the cached SFT warm start).
 - ``lab-small``: the same recipe on ``embedded:lab-small`` (4.8M parameters; its own 400-step warm start,
-  built once into the cache), everything else equal.
+  built once into the cache) at SFT lr 1e-3, everything else equal. At the recipe's SFT lr 2e-3 lab-small never
+  learned the addition table (held-out mean@4 0.084, greedy 0.102 at the warm start, chance is 0.1; GRPO seed 0
+  0.076 at step 40, so that run was stopped): the headroom lab's finding for lab-tiny on long chains
+  (docs/results.md). At 1e-3 the teacher-forced probe (``experiments/headroom_lab.py --build``) put 0.97 of
+  its mass on a right sum by SFT step 200 (0.15 at step 100), chosen before any RL run on it.
 - ``smollm2``: recipes/smollm2_math.yaml (SmolLM2-135M-Instruct, LoRA) for 50 steps, K = 1 and 2 only: a
   100-step run there costs ~1 h on one thread, so the K = 0 arm is read from the committed GRPO experiment's
   runs (``experiments/smollm2.py``, ``experiments/out/smollm2``) at their step-50 eval. Both use a constant
@@ -38,7 +42,7 @@ import harness  # noqa: E402
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
 SETTINGS = {  # setting -> (recipe, overrides, lags run here)
     "lab": ("recipes/grpo_lab.yaml", [], (0, 1, 2)),
-    "lab-small": ("recipes/grpo_lab.yaml", ["model.path=embedded:lab-small"], (0, 1, 2)),
+    "lab-small": ("recipes/grpo_lab.yaml", ["model.path=embedded:lab-small", "model.warm_start_lr=1e-3"], (0, 1, 2)),
     "smollm2": ("recipes/smollm2_math.yaml", ["trainer.steps=50", "eval.every=0", "eval.before=false"], (1, 2)),
 }
 SMOLLM2_K0, SMOLLM2_STEP = harness.OUT / "smollm2", 50  # the committed K = 0 runs, read at this step's eval
