@@ -74,6 +74,9 @@ before (80 steps x 16 x 8, 128-token cap, eval every 40 steps on 132 problems, 1
   - Expected for GRPO (3 seeds): the slip goes on k <= 6 within ~10 steps as before (mean@8 >= 0.9 there); on
     k >= 7 it learns only as far as its own samples are sometimes whole and right, so held-out mean@8 after 80
     steps ~0.45 x 0.95 + 0.55 x (k >= 7 accuracy, expected <= 0.5), i.e. <= 0.75 overall, below the 0.80 bar.
+  (Outcome, docs/results.md: the gap is there, k >= 7 traces never whole at the warm start; GRPO 0.155 -> 0.280
+  +- 0.125 [0.162, 0.411], every seed up at step 40, 2/3 at step 80, k >= 7 at chance throughout, and k <= 6
+  only 0.28-0.82, not >= 0.9: the expectation for the short chains was wrong.)
 
 Usage: PYTHONPATH=src python experiments/headroom_lab.py --check          # preconditions (~5-10 min, one thread)
        PYTHONPATH=src python experiments/headroom_lab.py --step-check     # per-step arithmetic (~10 s)
@@ -227,6 +230,7 @@ def step_check(out_dir: Path, recipe: str = RECIPE, n: int = 132, samples: int =
     """Per-step arithmetic at ``recipe``'s warm start on the first ``n`` held-out problems (12 per k at 132):
     teacher-forced (``forced_step_accuracy``) and on ``samples`` samples at T = 1 plus greedy (``step_stats``)."""
     import torch
+
     from groupwise.config import load
     from groupwise.eval import evaluate
     from groupwise.loop.setup import build
