@@ -84,6 +84,10 @@ class LabConfig:
     """Share of warm-start examples shown with a privileged context (the problem plus its clean reference
     trace, ``teachers.PRIVILEGED_CONTEXT``) whose target is that clean trace: the warm-started model then
     knows how to use a verified solution, so a privileged teacher knows more than the flawed student."""
+    sft_max_steps: int = 0
+    """Longest chain among the warm start's SFT examples (0: ``max_steps``). Below ``max_steps`` the chains of
+    ``sft_max_steps + 1`` to ``max_steps`` operations are first seen in RL: a length-generalisation gap (the
+    headroom lab's third setting, ``recipes/headroom_unseen_lab.yaml``)."""
     label_noise: float = dataclasses.field(default=0.0, metadata={"warm_start": False})
     """Share of training problems whose gold answer is corrupted to ``(gold ± 1) mod modulus``, in [0, 1) (see
     the module docstring); held-out problems and the warm start stay clean."""
@@ -101,6 +105,9 @@ class LabConfig:
         if not 0.0 <= self.label_noise < 1.0:
             raise ValueError(f"label_noise={self.label_noise}: allowed [0, 1) (the share of training problems whose "
                              "gold answer is corrupted)")
+        if self.sft_max_steps and not self.min_steps <= self.sft_max_steps <= self.max_steps:
+            raise ValueError(f"sft_max_steps={self.sft_max_steps}: allowed 0 (= max_steps) or min_steps.."
+                             f"max_steps ({self.min_steps}..{self.max_steps})")
         if self.max_checks < 0 or self.check_correct_bonus < 0 or self.test_size < 1 or self.env_latency_s < 0:
             raise ValueError("max_checks, check_correct_bonus, env_latency_s must be >= 0 and test_size >= 1")
 
@@ -232,6 +239,8 @@ class Lab:
         out = []
         for _ in range(n):
             p = self._clean_item(rng.randrange(len(self.train)))  # the warm start never sees corrupted labels
+            while self.cfg.sft_max_steps and p.difficulty > self.cfg.sft_max_steps:  # no draw when unset
+                p = self._clean_item(rng.randrange(len(self.train)))
             if self.cfg.privileged_frac and rng.random() < self.cfg.privileged_frac:  # no draw at 0: same stream
                 out.append((privileged_problem(p, PRIVILEGED_CONTEXT), p.reference))
                 continue

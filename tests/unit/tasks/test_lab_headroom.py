@@ -4,6 +4,7 @@ Lengths spread over 4x (difficulty 2..12 and 0..2 droppable re-checks), difficul
 every reference verified, the flaw's rate growing with difficulty, deterministic problems, and one-line errors for
 step counts outside 1..12."""
 
+import dataclasses
 import random
 import statistics
 from pathlib import Path
@@ -90,9 +91,24 @@ def test_privileged_share_and_determinism(headroom):
     assert headroom.sft_examples(random.Random(2), 50) == pairs[:50]
 
 
+def test_the_unseen_setting_hides_long_chains_from_the_warm_start_only():
+    cfg = load(ROOT / "recipes" / "headroom_unseen_lab.yaml")
+    unseen = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    seen = Lab(dataclasses.replace(unseen.cfg, sft_max_steps=0), seed=0)
+    assert unseen.cfg.sft_max_steps == 6 and dataclasses.replace(unseen.cfg, sft_max_steps=0) == seen.cfg
+    sft = [p.difficulty for p, _ in unseen.sft_examples(random.Random(0), 600)]
+    assert set(sft) == {2, 3, 4, 5, 6}  # ~120 of each: every short length, no long one
+    assert max(p.difficulty for p, _ in seen.sft_examples(random.Random(0), 600)) == 12
+    rl = [unseen.train[i].difficulty for i in range(600)]  # RL and held-out problems are the second setting's
+    assert rl == [seen.train[i].difficulty for i in range(600)] and max(rl) == 12
+    assert [p.prompt for p in unseen.test] == [p.prompt for p in seen.test]
+
+
 @pytest.mark.parametrize("kw,msg", [({"min_steps": 2, "max_steps": 13}, "max_steps=13"),
                                     ({"min_steps": 0}, "min_steps=0"),
-                                    ({"max_checks": -1}, "max_checks")])
+                                    ({"max_checks": -1}, "max_checks"),
+                                    ({"min_steps": 2, "max_steps": 12, "sft_max_steps": 1}, "sft_max_steps=1"),
+                                    ({"min_steps": 2, "max_steps": 6, "sft_max_steps": 7}, "sft_max_steps=7")])
 def test_step_counts_outside_the_range_are_one_line_errors(kw, msg):
     with pytest.raises(ValueError, match=msg) as e:
         LabConfig(**kw)
