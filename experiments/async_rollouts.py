@@ -54,12 +54,6 @@ def clip_frac(d: Path) -> float:
     return statistics.fmean(r["loss/clip_frac_low"] + r["loss/clip_frac_high"] for r in rows)
 
 
-def eval_at(d: Path, step: int | None) -> dict[str, float]:
-    """The held-out eval of run ``d`` at ``step`` (None: the last one), keys without the ``eval/`` prefix."""
-    rows = [r for r in harness.metrics(d) if "eval/mean_at_k" in r and (step is None or r["step"] == step)]
-    return {k: rows[-1][f"eval/{k}"] for k in KEYS}
-
-
 def main() -> None:
     args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument(
         "--setting", choices=list(SETTINGS), default="lab"))
@@ -69,13 +63,13 @@ def main() -> None:
     arms = {f"k{k}": [*COMMON, *extra, f"rollout.max_async_level={k}"] for k in lags}
     runs = harness.run_arms(experiment, recipe, arms, args)
     k0 = runs.get("k0") or [SMOLLM2_K0 / f"grpo_lora-s{s}" for s in args.seeds]
-    rows = {"warm start (step 0)": {k: harness.agg([eval_at(d, 0)[k] for d in k0]) for k in KEYS}}
+    at = lambda step: {k: harness.agg([harness.eval_at(d, step, f"eval/{k}") for d in k0]) for k in KEYS}  # noqa: E731
+    rows = {"warm start (step 0)": at(0)}
     if "k0" not in runs:
-        rows[f"K=0 (experiments/smollm2.py, step {SMOLLM2_STEP})"] = {
-            **{k: harness.agg([eval_at(d, SMOLLM2_STEP)[k] for d in k0]) for k in KEYS},
-            "clip_frac": harness.agg([0.0 for _ in k0])}
+        rows[f"K=0 (experiments/smollm2.py, step {SMOLLM2_STEP})"] = {**at(SMOLLM2_STEP),
+                                                                      "clip_frac": harness.agg([0.0 for _ in k0])}
     for arm, dirs in runs.items():
-        rows[f"K={arm[1:]}"] = {**{k: harness.agg([eval_at(d, None)[k] for d in dirs]) for k in KEYS},
+        rows[f"K={arm[1:]}"] = {**harness.eval_cells(dirs, KEYS),
                                 "clip_frac": harness.agg([clip_frac(d) for d in dirs])}
     secs = {arm: statistics.fmean(harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs)
             for arm, dirs in runs.items()}

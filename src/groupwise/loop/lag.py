@@ -147,9 +147,10 @@ class Lag:
         """π_old (``Sample.old_logprobs``, the PPO ratio's denominator) of the rows step ``step``'s update runs:
         the learner's own forward on the snapshot, which still holds the version that sampled them (the next
         ``at`` comes after), so the ratio and ``loss.importance_sampling`` see that version."""
-        if self.loaded != max(0, step - self.k):
+        sampled = max(0, step - self.k)
+        if self.loaded != sampled:
             raise RuntimeError(f"step {step + 1}: the snapshot holds version {self.loaded}, not the one that "
-                               f"sampled ({max(0, step - self.k)})")
+                               f"sampled ({sampled})")
         self.p.learner.behaviour_logprobs(self.snapshot, tokens)
 
     def take(self, step: int) -> Rollout | None:
