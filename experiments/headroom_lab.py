@@ -108,7 +108,8 @@ KEYS = ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean")
 def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -> dict[str, float]:
     """Per-token teacher/student divergence on the student's own samples: the teacher is the same (frozen) weights
     shown ``PRIVILEGED_CONTEXT``; mean over completion tokens (EOS included). ``divergent_frac``: the share of
-    tokens whose forward KL exceeds 0.1 nats."""
+    tokens whose forward KL exceeds 0.1 nats. ``gate_dev_*``: the spread of DASH's gate input g_t = r_t − r̄ (the
+    clipped r_t minus its row's mean, ``losses/dash_opsd.py``): its pooled std and the 10th / 90th percentiles."""
     import torch
 
     from groupwise.models.forward import completion_logprobs, pack
@@ -119,6 +120,7 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -
     rng = torch.Generator().manual_seed(stable_seed("headroom-div", 0))
     pad = p.tokenizer.pad_token_id
     tot = {"fwd_kl": 0.0, "fwd_kl_clipped": 0.0, "rev_kl": 0.0, "divergent_frac": 0.0, "tokens": 0.0}
+    devs = []
     with torch.no_grad():
         for i in range(0, len(problems), 8):
             chunk = problems[i:i + 8]
@@ -136,8 +138,13 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -
             tot["divergent_frac"] += float(((e.sum(-1) > 0.1) * m).sum())
             tot["rev_kl"] += float(((lp.exp() * (lp - lq)).sum(-1) * m).sum())
             tot["tokens"] += float(m.sum())
+            r = e.clamp(max=clip).sum(-1) * m
+            devs.append((r - r.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1))[m.bool()])
     n = tot.pop("tokens")
-    return {k: v / n for k, v in tot.items()} | {"tokens": n}
+    g = torch.cat(devs)
+    return {k: v / n for k, v in tot.items()} | {"tokens": n, "gate_dev_std": float(g.std()),
+                                                 "gate_dev_p10": float(g.quantile(0.1)),
+                                                 "gate_dev_p90": float(g.quantile(0.9))}
 
 
 _STEP = re.compile(r"(\d)\+(\d)=(\d);")
@@ -360,6 +367,33 @@ def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict
     return res
 
 
+def teacher_check(out_dir: Path, recipe: str) -> dict:
+    """Before the distillation re-tests: the privileged teacher's view (held-out problems shown their reference)
+    mean@8 and greedy per difficulty, and the divergence with DASH's gate-input spread, at ``recipe``'s warm
+    start (132 held-out problems, 12 per k; divergence on the first 64 x 4 samples as ``check``)."""
+    import torch
+
+    from groupwise.config import load
+    from groupwise.eval import evaluate
+    from groupwise.loop.setup import build
+    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+
+    torch.set_num_threads(1)
+    p = build(load(recipe, ["trainer.threads=1"]))
+    problems = list(p.task.test)[:132]
+    _, records = evaluate(p.generator, p.tokenizer, p.task, [privileged_problem(x, PRIVILEGED_CONTEXT)
+                                                             for x in problems],
+                          p.encode, k=8, temperature=1.0, max_tokens=128, verify=p.reward.check)
+    by_k: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        by_k[r["difficulty"]]["greedy" if r["greedy"] else "sampled"].append(r["correct"])
+    res = {"teacher_view_by_k": {k: {"mean_at_8": statistics.fmean(v["sampled"]),
+                                     "greedy": statistics.fmean(v["greedy"])} for k, v in sorted(by_k.items())},
+           "divergence": divergence(p, problems[:64], 4, 128), "recipe": recipe}
+    (out_dir / "teacher_check.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
 def check_report(res: dict) -> str:
     s, L, d, d0 = res["student"], res["lengths"], res["divergence"], res["divergence_today"]
     lines = ["## Preconditions at the warm start (256 held-out problems, 8 samples at T = 1, greedy)\n\n",
@@ -399,6 +433,8 @@ def main() -> None:
         p.add_argument("--check", action="store_true", help="only measure the preconditions at the warm start")
         p.add_argument("--step-check", action="store_true", help="only measure per-step arithmetic at the warm start")
         p.add_argument("--build", action="store_true", help="build the warm start, probing per-step arithmetic")
+        p.add_argument("--teacher-check", action="store_true",
+                       help="only measure the teacher view's accuracy per k and the divergence's gate spread")
         p.add_argument("--set", nargs="*", default=[], help="recipe overrides for --step-check / --build")
         p.add_argument("--recipe", default=RECIPE, help="the setting (recipes/headroom_unseen_lab.yaml: the third); "
                        "its outputs go to experiments/out/<recipe name>")
@@ -410,6 +446,9 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.step_check:
         print(json.dumps(step_check(out_dir, recipe, extra=args.set), indent=1))
+        return
+    if args.teacher_check:
+        print(json.dumps(teacher_check(out_dir, recipe), indent=1))
         return
     if args.build:
         build_warm_start(out_dir, recipe, extra=args.set)

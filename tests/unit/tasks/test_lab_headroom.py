@@ -43,9 +43,12 @@ def test_the_recipe_is_the_documented_setting(headroom):
     assert (m.path, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch) == ("embedded:lab-tiny", 1200, 1e-3, 64)
 
 
-def test_distil_runs_on_the_same_task_and_warm_start():
-    a, b = (load(ROOT / "recipes" / f"{n}.yaml") for n in ("headroom_lab", "distil_headroom_lab"))
-    assert (a.task, a.model, a.optim, a.trainer.steps) == (b.task, b.model, b.optim, b.trainer.steps)
+@pytest.mark.parametrize("method", ["distil_headroom_lab", "dash_opsd_headroom_lab"])
+def test_the_re_tests_run_on_the_third_settings_task_warm_start_and_budget(method):
+    a, b = (load(ROOT / "recipes" / f"{n}.yaml") for n in ("headroom_unseen_lab", method))
+    r = lambda c: (c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_completion_tokens)  # noqa: E731
+    assert (a.task, a.model, a.optim, r(a), a.trainer.steps, a.eval) == \
+        (b.task, b.model, b.optim, r(b), b.trainer.steps, b.eval)
 
 
 def test_held_out_set_holds_every_difficulty_equally(headroom):
