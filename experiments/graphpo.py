@@ -26,6 +26,21 @@ variance across builds (ddof 1) of its mean advantage; averaged over steps.
     PYTHONPATH=src python experiments/graphpo.py --probe            # tokens, states/1k, advantage variance
     PYTHONPATH=src python experiments/graphpo.py --probe --calibrate --probe-arms grpo  # + tree tokens, W = 12..16
     PYTHONPATH=src python experiments/graphpo.py --jobs 1           # 4 arms x 3 seeds, then the report
+
+Headroom setting (issue 30; written 2026-12-05 before any GraphPO run on it): ``--setting headroom`` runs
+``recipes/graphpo_headroom_lab.yaml`` = the third setting (``recipes/headroom_unseen_lab.yaml``: 2-12-step chains,
+the warm start taught 2-6, 23-128-token completions with re-checks and loops) at its own budget: 80 steps x 16
+prompts, 128 tokens, lr 1e-4, evals at 0 / 40 / 80 on 132 held-out problems (mean@8, pass@8, greedy, length of
+correct answers). Arms grpo (the setting's GRPO runs, reused), tree (width from ``--probe --calibrate`` at this warm
+start, to match the chains' sampled tokens per problem, chosen before its runs) and graphpo (exact merging, W = 8);
+seeds 0, 1, 2. Expectations: (1) more distinct states per 1k tokens than the tree (as on the first lab); (2) correct
+held-out answers shorter than GRPO's and the tree's: here paths reach the same state with and without re-checks and
+loops, so the efficiency term (μ = 1) has length to remove, which the first lab's fixed 29-token traces did not;
+(3) accuracy: no direction held with confidence (on the first lab GraphPO was below GRPO, 0.361 vs 0.430); the
+claim's "≥ the tree" is the criterion, and a clear difference only where the seed ranges do not overlap.
+
+    PYTHONPATH=src python experiments/graphpo.py --setting headroom --probe --calibrate --probe-arms grpo graphpo
+    PYTHONPATH=src python experiments/graphpo.py --setting headroom --tree-width W --arms grpo tree graphpo --jobs 1
 """
 
 from __future__ import annotations
@@ -38,10 +53,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-EXPERIMENT = "graphpo"
-RECIPE = "recipes/graphpo_lab.yaml"
-COMMON = ["trainer.steps=40", "trainer.save_every=0", "trainer.sinks=[jsonl]", "eval.every=20"]
-TREE_WIDTH = 15  # `--probe --calibrate` at the warm start: W = 14 / 15 sample 226 / 235 tokens per problem, chains 232
+SETTINGS = {  # setting -> (experiment, recipe, overrides of every arm, tree width, widths `--calibrate` tries)
+    # `--probe --calibrate` at the warm start: W = 14 / 15 sample 226 / 235 tokens per problem, chains 232
+    "lab": ("graphpo", "recipes/graphpo_lab.yaml",
+            ["trainer.steps=40", "trainer.save_every=0", "trainer.sinks=[jsonl]", "eval.every=20"], 15,
+            (12, 13, 14, 15, 16)),
+    # the headroom lab's third setting, at its own budget (80 steps, evals at 0 / 40 / 80); `--probe --calibrate`
+    # before any training run on it: chains 544 tokens per problem, the tree 473 / 520 / 539 / 573 / 593 at
+    # W = 8 / 9 / 10 / 11 / 12 (638-787 at 14-22), graphpo (W = 8) 547: W = 10
+    "headroom": ("graphpo_headroom", "recipes/graphpo_headroom_lab.yaml",
+                 ["trainer.save_every=0", "trainer.sinks=[jsonl]"], 10, (8, 9, 10, 11, 12, 14, 16, 18, 20, 22)),
+}
+HEADROOM_GRPO = harness.OUT / "headroom_unseen_lab"  # the GRPO runs of experiments/headroom_lab.py on that recipe
 PROBE_ONLY = {"graphpo_w0": ["credit=[{name: graphpo, w: 0.0, mu: 1.0}]"],  # pooling ablations, probe only
               "graphpo_w1": ["credit=[{name: graphpo, w: 1.0, mu: 1.0}]"]}
 
@@ -76,7 +99,7 @@ def edge_keys(sample, problem, task, tokenizer) -> list[tuple[int, int, tuple]]:
     return out
 
 
-def probe_arm(overrides: list[str], n_problems: int, resamples: int) -> dict[str, float]:
+def probe_arm(recipe: str, overrides: list[str], n_problems: int, resamples: int) -> dict[str, float]:
     import torch
 
     from groupwise.config import load
@@ -84,7 +107,7 @@ def probe_arm(overrides: list[str], n_problems: int, resamples: int) -> dict[str
     from groupwise.types import ScoredBatch, TokenBatch
 
     torch.set_num_threads(1)
-    p = build(load(RECIPE, ["trainer.threads=1", *overrides]))
+    p = build(load(recipe, ["trainer.threads=1", *overrides]))
     problems = list(p.task.test[:n_problems])
     per_edge: dict[tuple, list[list[float]]] = {}
     states, tokens = [], []
@@ -116,18 +139,19 @@ def probe_arm(overrides: list[str], n_problems: int, resamples: int) -> dict[str
 
 
 def probe(args) -> None:
-    out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
+    experiment, recipe, _, _, widths = SETTINGS[args.setting]
+    out_dir = Path(args.out) if args.out else harness.OUT / experiment
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "probe.json"
     rows = json.loads(path.read_text()) if args.probe_arms and path.exists() else {}
     for arm, ov in {**arms(args.tree_width), **PROBE_ONLY}.items():
         if args.probe_arms and arm not in args.probe_arms:
             continue
-        rows[arm] = probe_arm(ov, 32, args.resamples)
+        rows[arm] = probe_arm(recipe, ov, 32, args.resamples)
         print(arm, rows[arm], flush=True)
     if args.calibrate:
-        for w in (12, 13, 14, 15, 16):
-            rows[f"tree W={w}"] = probe_arm(arms(w)["tree"], 32, 2)
+        for w in args.widths or widths:
+            rows[f"tree W={w}"] = probe_arm(recipe, arms(w)["tree"], 32, 2)
             print(f"tree W={w}", rows[f"tree W={w}"], flush=True)
     path.write_text(json.dumps(rows, indent=1))
 
@@ -142,19 +166,28 @@ def probe_table(out_dir: Path) -> str:
 def main() -> None:
     def own(p):
         p.add_argument("--probe", action="store_true", help="only the warm-start probe (tokens, states, variance)")
-        p.add_argument("--calibrate", action="store_true", help="with --probe: tree token counts for W = 10..14")
+        p.add_argument("--calibrate", action="store_true", help="with --probe: tree token counts over widths")
+        p.add_argument("--setting", choices=list(SETTINGS), default="lab")
+        p.add_argument("--widths", nargs="+", type=int, default=[], help="with --calibrate: these widths only")
         p.add_argument("--resamples", type=int, default=6)
         p.add_argument("--probe-arms", nargs="+", default=[], help="with --probe: only these (merged into probe.json)")
-        p.add_argument("--tree-width", type=int, default=TREE_WIDTH)
-        p.add_argument("--arms", nargs="+", default=list(arms(TREE_WIDTH)), help="run / report only these")
+        p.add_argument("--tree-width", type=int, default=0, help="0: the setting's (SETTINGS)")
+        p.add_argument("--arms", nargs="+", default=list(arms(0)), help="run / report only these")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
+    experiment, recipe, common, width, _ = SETTINGS[args.setting]
+    args.tree_width = args.tree_width or width
     if args.probe:
         probe(args)
         return
-    out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
+    if not args.tree_width:
+        raise SystemExit(f"--setting {args.setting}: no tree width chosen yet; run --probe --calibrate, then set it")
+    out_dir = Path(args.out) if args.out else harness.OUT / experiment
     all_arms = arms(args.tree_width)
-    runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *all_arms[k]] for k in args.arms}, args)
+    for s in args.seeds if args.setting == "headroom" and not args.steps else []:
+        harness.reuse(HEADROOM_GRPO / f"grpo-s{s}", recipe, [*common, *all_arms["grpo"], f"seed={s}"],
+                      out_dir / f"grpo-s{s}")
+    runs = harness.run_arms(experiment, recipe, {k: [*common, *all_arms[k]] for k in args.arms}, args)
     rows = {}
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "len_correct_mean"))
@@ -171,14 +204,14 @@ def main() -> None:
             "s/step", "merge_frac", "states_per_1k", "samples"]
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "perf/gen_tokens"], out_dir / "train_curves.png")]
-    lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}` + each arm's overrides, seeds {args.seeds}, 40 steps; held-out "
-             f"mean@4 (T = 1) and greedy on 128 problems, warm start mean@4 {harness.fmt(before)}; "
+    lines = [f"# {experiment}\n\n", f"Recipe `{recipe}` + each arm's overrides ({' '.join(common)}), seeds "
+             f"{args.seeds}; held-out mean@k (T = 1) and greedy, warm start mean@k {harness.fmt(before)}; "
              "`len_correct_mean`: tokens of correct held-out answers; sampled tokens per problem per step (the "
              "generator's count / 16 prompts); `merge_frac`, `states_per_1k`, `samples` (per group): the builder's "
              "metrics over the last 10 steps; train correct is over each arm's samples (a graph's samples are "
              "not i.i.d. rollouts: merged members' continuations repeat leaves, `even` allocation over-samples rare "
              "states), so it is not comparable across arms.\n\n", harness.table(rows, cols),
-             "\nHeld-out mean@4 at every evaluation:\n\n", harness.eval_curve(runs)]
+             "\nHeld-out mean@k at every evaluation:\n\n", harness.eval_curve(runs)]
     if (out_dir / "probe.json").exists():
         lines += ["\nWarm-start probe (`--probe`; 32 held-out problems, builds per arm as in probe.json):\n\n",
                   probe_table(out_dir)]

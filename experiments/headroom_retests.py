@@ -72,16 +72,23 @@ def long_mean(run: Path) -> float:
 
 
 def main() -> None:
-    args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument(
-        "--method", choices=list(METHODS), required=True))
+    def own(p):
+        p.add_argument("--method", choices=list(METHODS), required=True)
+        p.add_argument("--arms", nargs="+", default=[], help="run only these arms (two lanes); report what exists")
+
+    args = harness.cli_args(__doc__.splitlines()[0], own)
     recipe, arms = METHODS[args.method]
     experiment = f"{args.method}_headroom"
     out_dir = Path(args.out) if args.out else harness.OUT / experiment
     arms = {k: [*COMMON, *v] for k, v in arms.items()}
+    if args.arms:
+        harness.run_arms(experiment, recipe, {k: arms[k] for k in args.arms}, args)
+        args.report_only = True
     for s in args.seeds if not args.steps else []:
         if not harness.reuse(GRPO_RUNS / f"grpo-s{s}", recipe, [*arms["grpo"], f"seed={s}"], out_dir / f"grpo-s{s}"):
             print(f"grpo-s{s}: no reusable run in {GRPO_RUNS}; it runs here", flush=True)
     runs = harness.run_arms(experiment, recipe, arms, args)
+    runs = {a: done for a, ds in runs.items() if (done := [d for d in ds if (d / "summary.json").exists()])}
     rows = {}
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean"))

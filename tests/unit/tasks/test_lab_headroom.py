@@ -43,7 +43,7 @@ def test_the_recipe_is_the_documented_setting(headroom):
     assert (m.path, m.warm_start_steps, m.warm_start_lr, m.warm_start_batch) == ("embedded:lab-tiny", 1200, 1e-3, 64)
 
 
-@pytest.mark.parametrize("method", ["distil_headroom_lab", "dash_opsd_headroom_lab"])
+@pytest.mark.parametrize("method", ["distil_headroom_lab", "dash_opsd_headroom_lab", "graphpo_headroom_lab"])
 def test_the_re_tests_run_on_the_third_settings_task_warm_start_and_budget(method):
     a, b = (load(ROOT / "recipes" / f"{n}.yaml") for n in ("headroom_unseen_lab", method))
     r = lambda c: (c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_completion_tokens)  # noqa: E731
