@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-from headroom_lab import by_difficulty  # noqa: E402
+from headroom_lab import _STEP, by_difficulty  # noqa: E402
 
 GRPO_RUNS = harness.OUT / "headroom_unseen_lab"  # experiments/headroom_lab.py --recipe recipes/headroom_unseen_lab.yaml
 COMMON = ["trainer.save_every=0", "trainer.sinks=[jsonl]"]
@@ -71,6 +71,12 @@ def long_mean(run: Path) -> float:
     return statistics.fmean(last[f"eval/mean_at_k/d{k}"] for k in LONG)
 
 
+def whole_traces(run: Path, step: int) -> float:
+    """Share of the held-out samples at ``step`` whose trace writes all k steps before its commitment ``so``."""
+    rows = harness.eval_samples(run, step)
+    return statistics.fmean(len(_STEP.findall(r["text"].split("so ", 1)[0])) == r["difficulty"] for r in rows)
+
+
 def main() -> None:
     def own(p):
         p.add_argument("--method", choices=list(METHODS), required=True)
@@ -93,12 +99,14 @@ def main() -> None:
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean"))
         cells["mean@8 k>=7"] = harness.agg([long_mean(d) for d in dirs])
+        last = max(r["step"] for r in harness.metrics(dirs[0]))
+        cells["whole traces"] = harness.agg([whole_traces(d, last) for d in dirs])
         cells["entropy(tail20)"] = harness.agg([harness.tail_mean(d, "policy/entropy") for d in dirs])
         cells["wall_s"] = harness.agg([harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs])
         cells.update(harness.cost_cells(dirs))
         rows[arm] = cells
-    cols = ["mean_at_k", "mean@8 k>=7", "pass_at_k", "greedy_acc", "len_mean", "entropy(tail20)", "forwards/step",
-            "s/step", "wall_s"]
+    cols = ["mean_at_k", "mean@8 k>=7", "whole traces", "pass_at_k", "greedy_acc", "len_mean", "entropy(tail20)",
+            "forwards/step", "s/step", "wall_s"]
     png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/pass_at_k", "policy/entropy"], out_dir / "curves.png")
     lines = [f"# {experiment}\n\n`{recipe}`, seeds {args.seeds}; 132 held-out problems (12 per k = 2..12), mean@8 "
              "and pass@8 at T = 1, greedy. Warm start: " + harness.fmt(harness.warm_start_eval(runs)) + " mean@8, "
