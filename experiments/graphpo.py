@@ -40,7 +40,7 @@ loops, so the efficiency term (μ = 1) has length to remove, which the first lab
 claim's "≥ the tree" is the criterion, and a clear difference only where the seed ranges do not overlap.
 
     PYTHONPATH=src python experiments/graphpo.py --setting headroom --probe --calibrate --probe-arms grpo graphpo
-    PYTHONPATH=src python experiments/graphpo.py --setting headroom --tree-width W --arms grpo tree graphpo --jobs 1
+    PYTHONPATH=src python experiments/graphpo.py --setting headroom --arms grpo tree graphpo --jobs 1  # tree W = 10
 """
 
 from __future__ import annotations
@@ -180,8 +180,6 @@ def main() -> None:
     if args.probe:
         probe(args)
         return
-    if not args.tree_width:
-        raise SystemExit(f"--setting {args.setting}: no tree width chosen yet; run --probe --calibrate, then set it")
     out_dir = Path(args.out) if args.out else harness.OUT / experiment
     all_arms = arms(args.tree_width)
     for s in args.seeds if args.setting == "headroom" and not args.steps else []:
