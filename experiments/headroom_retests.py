@@ -56,7 +56,10 @@ METHODS = {  # method -> (recipe, arms)
         "grpo": ["loss.terms=[ppo_clip]", *NO_TEACHER],
         "reverse_kl": ["loss.terms=[{name: opsd, beta: 1.0, token_clip: .inf, support: vocab}]",
                        "rollout.transforms=[]", "credit=[]"],
-        "distil": []}),
+        "distil": [],
+        # added after the three arms above had run (a test of the length reading, not a tuned setting): the
+        # cost-to-go on ℓ_t − H(π_T), so a state where the teacher is unsure costs nothing
+        "distil_kl": ["rollout.transforms=[{name: distil, cost: kl, chunk: 64}]"]}),
     "dash_opsd": ("recipes/dash_opsd_headroom_lab.yaml", {
         "grpo": ["loss.terms=[ppo_clip]", *NO_TEACHER],
         "opsd": ["loss.terms=[{name: opsd, beta: 0.0, token_clip: 0.05, support: vocab}]"],  # DASH's r_t, λ ≡ 0
