@@ -62,7 +62,7 @@ def main() -> None:
     out_dir = Path(args.out) if args.out else harness.OUT / experiment
     arms = {f"k{k}": [*COMMON, *extra, f"rollout.max_async_level={k}"] for k in lags}
     runs = harness.run_arms(experiment, recipe, arms, args)
-    runs = {a: done for a, ds in runs.items() if (done := [d for d in ds if (d / "summary.json").exists()])}  # stopped
+    runs = harness.finished(runs)
     k0 = runs.get("k0") or [SMOLLM2_K0 / f"grpo_lora-s{s}" for s in args.seeds]
     at = lambda step: {k: harness.agg([harness.eval_at(d, step, f"eval/{k}") for d in k0]) for k in KEYS}  # noqa: E731
     rows = {"warm start (step 0)": at(0)}

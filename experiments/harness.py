@@ -74,6 +74,11 @@ def run_arms(experiment: str, recipe: str, arms: dict[str, list[str]],
     return runs
 
 
+def finished(runs: dict[str, list[Path]]) -> dict[str, list[Path]]:
+    """``runs`` without the runs that have no summary (stopped or not started), and without arms left empty."""
+    return {arm: done for arm, dirs in runs.items() if (done := [d for d in dirs if (d / "summary.json").exists()])}
+
+
 def reuse(src: Path, recipe: str, overrides: list[str], dst: Path) -> bool:
     """Copy a finished run of another experiment to ``dst`` when its resolved config is this run's (every key it
     records equals the value ``recipe`` + ``overrides`` resolve to; ``name`` and ``out_dir`` aside). Returns

@@ -312,6 +312,15 @@ def build_warm_start(out_dir: Path, recipe: str = RECIPE, every: int = 50, extra
     return path
 
 
+def greedy_by_difficulty(records: list[dict]) -> dict[int, float]:
+    """Greedy accuracy per difficulty from ``evaluate``'s records (its metrics hold only the sampled mean per k)."""
+    by_k: dict[int, list[bool]] = defaultdict(list)
+    for r in records:
+        if r["greedy"]:
+            by_k[r["difficulty"]].append(r["correct"])
+    return {k: statistics.fmean(v) for k, v in sorted(by_k.items())}
+
+
 def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict:
     """The preconditions at ``recipe``'s warm start (``limit``: the first held-out problems only, a smoke run)."""
     import torch
@@ -341,10 +350,7 @@ def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict
     by_k: dict[int, list[dict]] = defaultdict(list)
     for r in sampled:
         by_k[r["difficulty"]].append(r)
-    greedy_by_k: dict[int, list[bool]] = defaultdict(list)
-    for r in records:
-        if r["greedy"]:
-            greedy_by_k[r["difficulty"]].append(r["correct"])
+    greedy_by_k = greedy_by_difficulty(records)
     res["by_difficulty"] = {}
     for k in sorted(by_k):
         per_problem: dict[str, list[bool]] = defaultdict(list)
@@ -353,7 +359,7 @@ def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict
         res["by_difficulty"][k] = {
             "problems": len(per_problem), "mean_at_8": statistics.fmean(r["correct"] for r in by_k[k]),
             "pass_at_8": statistics.fmean(pass_at_k(len(v), sum(v), 8) for v in per_problem.values()),
-            "greedy": statistics.fmean(greedy_by_k[k]), "len_mean": statistics.fmean(r["length"] for r in by_k[k]),
+            "greedy": greedy_by_k[k], "len_mean": statistics.fmean(r["length"] for r in by_k[k]),
             "chk_mean": statistics.fmean(r["text"].count("chk ") for r in by_k[k])}
     tm, _ = evaluate(p.generator, p.tokenizer, p.task, [privileged_problem(x, PRIVILEGED_CONTEXT) for x in problems],
                      p.encode, k=8, temperature=1.0, max_tokens=128, verify=p.reward.check)
@@ -381,14 +387,11 @@ def teacher_check(out_dir: Path, recipe: str) -> dict:
     torch.set_num_threads(1)
     p = build(load(recipe, ["trainer.threads=1"]))
     problems = list(p.task.test)[:132]
-    _, records = evaluate(p.generator, p.tokenizer, p.task, [privileged_problem(x, PRIVILEGED_CONTEXT)
+    m, records = evaluate(p.generator, p.tokenizer, p.task, [privileged_problem(x, PRIVILEGED_CONTEXT)
                                                              for x in problems],
                           p.encode, k=8, temperature=1.0, max_tokens=128, verify=p.reward.check)
-    by_k: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        by_k[r["difficulty"]]["greedy" if r["greedy"] else "sampled"].append(r["correct"])
-    res = {"teacher_view_by_k": {k: {"mean_at_8": statistics.fmean(v["sampled"]),
-                                     "greedy": statistics.fmean(v["greedy"])} for k, v in sorted(by_k.items())},
+    res = {"teacher_view_by_k": {k: {"mean_at_8": m[f"eval/mean_at_k/d{k}"], "greedy": greedy}
+                                 for k, greedy in greedy_by_difficulty(records).items()},
            "divergence": divergence(p, problems[:64], 4, 128), "recipe": recipe}
     (out_dir / "teacher_check.json").write_text(json.dumps(res, indent=1))
     return res

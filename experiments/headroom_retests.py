@@ -97,7 +97,7 @@ def main() -> None:
         if not harness.reuse(GRPO_RUNS / f"grpo-s{s}", recipe, [*arms["grpo"], f"seed={s}"], out_dir / f"grpo-s{s}"):
             print(f"grpo-s{s}: no reusable run in {GRPO_RUNS}; it runs here", flush=True)
     runs = harness.run_arms(experiment, recipe, arms, args)
-    runs = {a: done for a, ds in runs.items() if (done := [d for d in ds if (d / "summary.json").exists()])}
+    runs = harness.finished(runs)
     rows = {}
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean"))
