@@ -68,10 +68,9 @@ METHODS = {  # method -> (recipe, arms)
 LONG = range(7, 13)  # the chains the warm start never saw
 
 
-def long_mean(run: Path) -> float:
-    """Held-out mean@8 over k = 7..12 after training (equal problems per k)."""
-    last = harness.summary(run)["after"]
-    return statistics.fmean(last[f"eval/mean_at_k/d{k}"] for k in LONG)
+def long_mean(run: Path, when: str = "after") -> float:
+    """Held-out mean@8 over k = 7..12 ``before`` or ``after`` training (equal problems per k)."""
+    return statistics.fmean(harness.summary(run)[when][f"eval/mean_at_k/d{k}"] for k in LONG)
 
 
 def whole_traces(run: Path, step: int) -> float:
@@ -98,7 +97,12 @@ def main() -> None:
             print(f"grpo-s{s}: no reusable run in {GRPO_RUNS}; it runs here", flush=True)
     runs = harness.run_arms(experiment, recipe, arms, args)
     runs = harness.finished(runs)
-    rows = {}
+    start = runs["grpo"]  # every arm's step-0 eval is the warm start's on the same seed
+    rows = {"warm start (step 0)": {
+        **{k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in start])
+           for k in ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean")},
+        "mean@8 k>=7": harness.agg([long_mean(d, "before") for d in start]),
+        "whole traces": harness.agg([whole_traces(d, 0) for d in start])}}
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean"))
         cells["mean@8 k>=7"] = harness.agg([long_mean(d) for d in dirs])
