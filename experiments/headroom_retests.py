@@ -66,6 +66,7 @@ METHODS = {  # method -> (recipe, arms)
         "dash": []}),
 }
 LONG = range(7, 13)  # the chains the warm start never saw
+TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards")  # where logged
 
 
 def long_mean(run: Path, when: str = "after") -> float:
@@ -103,6 +104,7 @@ def main() -> None:
            for k in ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean")},
         "mean@8 k>=7": harness.agg([long_mean(d, "before") for d in start]),
         "whole traces": harness.agg([whole_traces(d, 0) for d in start])}}
+    training: dict[str, dict[str, str]] = {}
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean"))
         cells["mean@8 k>=7"] = harness.agg([long_mean(d) for d in dirs])
@@ -112,6 +114,9 @@ def main() -> None:
         cells["wall_s"] = harness.agg([harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs])
         cells.update(harness.cost_cells(dirs))
         rows[arm] = cells
+        for key in (k for k in TRAINING if any(k in r for r in harness.metrics(dirs[0]))):
+            training.setdefault(arm, {})[key] = harness.fmt(harness.agg([harness.head_mean(d, key) for d in dirs])) \
+                + " → " + harness.fmt(harness.agg([harness.tail_mean(d, key) for d in dirs]))
     cols = ["mean_at_k", "mean@8 k>=7", "whole traces", "pass_at_k", "greedy_acc", "len_mean", "entropy(tail20)",
             "forwards/step", "s/step", "wall_s"]
     png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/pass_at_k", "policy/entropy"], out_dir / "curves.png")
@@ -121,6 +126,8 @@ def main() -> None:
              "over seeds.\n\n", harness.table(rows, cols),
              "\nMean@8 along training:\n\n", harness.eval_curve(runs),
              "\npass@8 along training:\n\n", harness.eval_curve(runs, "eval/pass_at_k")]
+    lines += ["\nTraining metrics, first 10 steps → last 20:\n\n"] if training else []
+    lines += [f"- {arm} `{key}`: {v}\n" for arm, kv in training.items() for key, v in kv.items()]
     for arm, dirs in runs.items():
         lines += [f"\n{arm}: held-out mean@8 by difficulty after training:\n\n", by_difficulty(dirs, "after")]
     harness.write_report(out_dir, lines, [png])
