@@ -72,15 +72,20 @@ def main() -> None:
     for arm, dirs in runs.items():
         rows[f"K={arm[1:]}"] = {**harness.eval_cells(dirs, KEYS),
                                 "clip_frac": harness.agg([clip_frac(d) for d in dirs])}
-    secs = {arm: statistics.fmean(harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs)
+    secs = {arm: harness.agg([harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs])
             for arm, dirs in runs.items()}
+    per_seed = {} if "k0" in runs else {"K=0": [harness.eval_at(d, SMOLLM2_STEP) for d in k0]}
+    per_seed |= {f"K={arm[1:]}": [harness.final_eval(d, "eval/mean_at_k") for d in dirs] for arm, dirs in runs.items()}
     png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/correct_frac"],
                               out_dir / "curves.png")
     text = (f"# {experiment}\n\n`{recipe}` {' '.join(extra)}, seeds {args.seeds}, held-out mean@k at T=1 and "
             "greedy, equal samples per arm. Cells: mean ± std [min, max] over seeds.\n\n"
             + harness.table(rows, [*KEYS, "clip_frac"])
             + "\nRL wall-clock per run (one torch thread per stage): "
-            + ", ".join(f"K={arm[1:]} {v:.0f} s" for arm, v in secs.items()) + f"\n\n![curves]({png.name})\n")
+            + ", ".join(f"K={arm[1:]} {harness.fmt(v, 0)} s" for arm, v in secs.items())
+            + "\n\nHeld-out mean@k per seed (" + ", ".join(map(str, args.seeds)) + "): "
+            + "; ".join(f"{arm} " + " ".join(f"{v:.3f}" for v in vals) for arm, vals in per_seed.items())
+            + f"\n\n![curves]({png.name})\n")
     (out_dir / "results.md").write_text(text)
     print(text)
 
