@@ -187,8 +187,9 @@ def step_stats(pairs) -> dict[str, float]:
             "slip_rate": c["wrap_slipped"] / max(c["wrap_ok"], 1)}
 
 
-def forced_step_accuracy(model, tokenizer, problems) -> dict[str, float]:
-    """Teacher-forced per-step arithmetic on the clean reference traces (one forward, no sampling): at each step's
+def forced_step_accuracy(model, tokenizer, problems, tag: str = "") -> dict[str, float]:
+    """Teacher-forced per-step arithmetic on the clean reference traces, after the mode ``tag`` (``<LG>`` when the
+    task writes mode tags) (one forward, no sampling): at each step's
     result digit, the probability the model puts on a right sum (the designed slip counting as right), so the
     expected per-step ``sum_ok`` of a T = 1 sample given the operands; ``argmax_ok`` is greedy's. Split by wrapping
     (a + b >= 10) or not, and ``slip_share`` = p(v + 1) / (p(v) + p(v + 1)) on wrapping steps (SFT data: 0.6)."""
@@ -206,13 +207,13 @@ def forced_step_accuracy(model, tokenizer, problems) -> dict[str, float]:
             chunk = problems[i:i + 64]
             prompts = [torch.tensor(tokenizer.encode(render_prompt(p, tokenizer), add_special_tokens=False))
                        for p in chunk]
-            comps = [torch.tensor(tokenizer.encode(p.reference, add_special_tokens=False) + [tokenizer.eos_token_id])
-                     for p in chunk]
+            comps = [torch.tensor(tokenizer.encode(tag + p.reference, add_special_tokens=False)
+                                  + [tokenizer.eos_token_id]) for p in chunk]
             packed = pack(prompts, comps, tokenizer.pad_token_id)
             lp = completion_logprobs(model, packed, with_vocab=True).vocab_logprobs
             for b, p in enumerate(chunk):
                 for m in _STEP.finditer(p.reference):
-                    pos = len(tokenizer.encode(p.reference[:m.start(3)], add_special_tokens=False))
+                    pos = len(tokenizer.encode(tag + p.reference[:m.start(3)], add_special_tokens=False))
                     probs = lp[b, pos, digit].exp()
                     a, x, v = int(m.group(1)), int(m.group(2)), int(m.group(3))
                     wrap = a + x >= 10
@@ -298,7 +299,8 @@ def build_warm_start(out_dir: Path, recipe: str = RECIPE, every: int = 50, extra
         if step % every == 0 or step == steps:
             row = {"step": step, "steps": steps, "loss": statistics.fmean(losses[-every:]),
                    "wall_s": round(time.time() - t0, 1),
-                   **forced_step_accuracy(built["model"], tiny.build_tokenizer(), held_out)}
+                   **forced_step_accuracy(built["model"], tiny.build_tokenizer(), held_out,
+                                          "<LG>" if getattr(cfg.task.cfg, "modes", False) else "")}
             print(json.dumps(row), flush=True)
             log.write(json.dumps(row) + "\n")
             log.flush()
