@@ -20,6 +20,17 @@ Post hoc (added after the drift result, so not part of the pre-registered test):
 the detector's ``min_shift`` floor (our addition to the spec's robust threshold, default 0.02) set to 0, to see
 whether the floor is what keeps the detector from firing.
 
+Headroom lab (issue 30, "PivotTrace if its premise holds there"; written 2026-12-05 before this setting ran):
+``headroom`` is the third setting's warm start (chains of 2-12 additions, SFT on 2-6 only, wrap slips, 0-2 ``chk``
+re-checks, 128 tokens). Its errors are of two kinds: the silent wrap slip (as in ``checks``) and, on k >= 7, traces
+that break (steps dropped or operands miscopied past the SFT lengths), a structural failure that an attention-shift
+detector might see. The cue is ``chk`` (the only reflection-like episode there; it follows the commitment, so it is
+not linked to errors). Premise, as above: per-problem pivot density must track the error rate (Spearman > 0.2 for
+the default ``js`` scorer, mean over seeds, with no seed below 0). Expected: it does not (the error rate is driven by
+the chain length, 0.9 at k >= 7, and pivot density per token has no reason to follow it; mean token entropy, which
+rises on the broken long traces, should track it as on ``checks``). If the premise fails, PivotTrace is not run on
+the headroom lab and its row says so; if it holds, the triage experiment (experiments/pivottrace.py) is the next run.
+
 Calibration pass (the spec's "check the premise first", the pass experiments/pivottrace.py skipped for
 cost on ``checks``): CALIB_POOL pool problems x CALIB_SAMPLES probe traces from the warm start, both attention
 scorers (js, the default; lookback) on the same traces (the probe's generator seed depends only on
@@ -27,6 +38,7 @@ scorers (js, the default; lookback) on the same traces (the probe's generator se
 start is the same cached one).
 
     PYTHONPATH=src python experiments/pivottrace_premise.py    # -> experiments/out/pivottrace_premise/
+    PYTHONPATH=src python experiments/pivottrace_premise.py --settings headroom
 """
 
 from __future__ import annotations
@@ -48,7 +60,11 @@ SETTINGS = {  # setting -> task / model / rollout overrides of the recipe
               "rollout.max_completion_tokens=64"],
 }
 SETTINGS["drift_floor0"] = [*SETTINGS["drift"], "select.min_shift=0.0"]  # post hoc, see the docstring
-CUES = {"checks": "chk", "drift": "wait", "drift_floor0": "wait"}
+SETTINGS["headroom"] = [  # the headroom lab's third setting (recipes/headroom_unseen_lab.yaml), its packaged warm start
+    "task.ops=+", "task.min_steps=2", "task.max_steps=12", "task.sft_max_steps=6", "task.p_wrap_slip=0.6",
+    "task.max_checks=2", "task.privileged_frac=0.3", "model.warm_start_steps=1200", "model.warm_start_lr=1e-3",
+    "rollout.max_completion_tokens=128"]
+CUES = {"checks": "chk", "drift": "wait", "drift_floor0": "wait", "headroom": "chk"}
 WINDOW = 2
 
 
