@@ -21,8 +21,26 @@ and a wrong final answer; fix rate = share with a wrong commitment and a correct
 transform; first 10 steps, steps 1-30 (the speed of removal: a GRPO pilot removed most drift within ~20 steps) and
 the last 20).
 
+Headroom setting (``--setting headroom``; issue 30; written 2026-12-05 before its warm start was built).
+``recipes/dash_drift_headroom_lab.yaml``: the headroom lab's third setting (chains of 2-12 additions, the warm start
+taught 2-6 only, 0-2 ``chk`` re-checks) with drift as the flaw (p_drift 0.3, no wrap slip, no privileged examples);
+lab-tiny, 1200 SFT steps at lr 1e-3 (the second setting's, which learned the addition table by step ~350), built
+with ``experiments/headroom_lab.py --recipe recipes/dash_drift_headroom_lab.yaml --build``. Arms grpo and dash
+(the spec's main pair; Dr.GRPO and the ablation are left out for time), 80 steps x 16 x 8, 128 tokens, eval every
+40 steps on 132 held-out problems (12 per k), mean@8; 3 seeds, one lane.
+  - Check before the runs: the warm start's per-step sums right in >= 0.97 of sampled steps on k <= 6
+    (``headroom_lab.py --step-check``); otherwise report and stop.
+  - Expected at the warm start: k <= 6 right before the drift and drifting on ~30% of those, so ~0.65 mean@8 there,
+    ~0.1 on k >= 7, ~0.35 overall; train drift rate ~0.15.
+  - Expected: GRPO removes the drift on k <= 6 as on the first lab, but more slowly: the drift episode is ~8 tokens
+    of a 30-80-token trace, so a sequence-level advantage spreads its credit thinner than on 29-token traces; DASH's
+    segment credit lands on the drifting segment, so this is where it could remove drift faster. Bar (the spec's):
+    drift over steps 1-30 >= 30% below GRPO's, final mean@8 >= GRPO's. k >= 7 at chance in both (nothing there to
+    drift from). A tie, as on the first lab, is the other likely outcome.
+
     PYTHONPATH=src python experiments/dash_drift.py --jobs 2                   # grpo, dash
     PYTHONPATH=src python experiments/dash_drift.py --arms dr_grpo dash_dr no_escalation
+    PYTHONPATH=src python experiments/dash_drift.py --setting headroom --jobs 1
 """
 
 from __future__ import annotations
@@ -33,9 +51,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-EXPERIMENT = "dash_drift"
-RECIPE = "recipes/dash_drift_lab.yaml"
-COMMON = ["trainer.steps=150", "trainer.save_every=0", "trainer.sinks=[jsonl]"]
+SETTINGS = {"lab": ("dash_drift", "recipes/dash_drift_lab.yaml", 150),  # setting -> experiment, recipe, steps
+            "headroom": ("dash_drift_headroom", "recipes/dash_drift_headroom_lab.yaml", 80)}
 MARKS_ONLY = ["rollout.transforms=[{name: dash_drift, drift_reward: 0.0}]", "credit=[]"]
 DR = ["advantage=dr_grpo", "loss.reduction=seq_sum_const"]  # as recipes/dr_grpo_lab.yaml
 ARMS = {
@@ -51,10 +68,13 @@ def main() -> None:
     def own(p):
         p.add_argument("--arms", nargs="+", default=["grpo", "dash"], choices=list(ARMS),
                        help="run / report only these")
+        p.add_argument("--setting", choices=list(SETTINGS), default="lab")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
-    out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
-    runs = harness.run_arms(EXPERIMENT, RECIPE, {k: [*COMMON, *ARMS[k]] for k in args.arms}, args)
+    experiment, recipe, steps = SETTINGS[args.setting]
+    common = [f"trainer.steps={steps}", "trainer.save_every=0", "trainer.sinks=[jsonl]"]
+    out_dir = Path(args.out) if args.out else harness.OUT / experiment
+    runs = harness.run_arms(experiment, recipe, {k: [*common, *ARMS[k]] for k in args.arms}, args)
     rows = {}
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "greedy_acc", "len_mean"))
@@ -77,9 +97,9 @@ def main() -> None:
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/correct_frac", "rollout/drift_frac", "rollout/fix_frac"],
                                  out_dir / "train_curves.png")]
-    lines = [f"# {EXPERIMENT}\n\n",
-             f"Recipe `{RECIPE}`, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
-             f"128 problems; warm start Mean@8 {harness.fmt(before)}.\n\n", harness.table(rows, cols),
+    lines = [f"# {experiment}\n\n",
+             f"Recipe `{recipe}`, {steps} steps, seeds {args.seeds}; held-out Mean@8 (k = 8, T = 1) and greedy on "
+             f"the recipe's held-out problems; warm start Mean@8 {harness.fmt(before)}.\n\n", harness.table(rows, cols),
              "\nBehaviour on the train rollouts (share of rollouts; tokens after the first correct commitment; "
              "the first step whose trailing 5-step drift rate is under 2%):\n\n",
              harness.table(rows, behaviour), "\nHeld-out Mean@8 at every evaluation:\n\n", harness.eval_curve(runs)]
