@@ -32,6 +32,17 @@ Settings (``--setting``):
             the 30% arms keep lagging it by >= 0.15, because half of the pool trains on majority pseudo-labels
             that are right only ~40% of the time (60% for entropy); pivot_30 ~ random_30 within a seed std;
             entropy_30 >= both; no 30% arm reaches the all-labels arm's 80% target.
+  headroom  (issue 30; written 2026-12-05 before any run here, with the premise check's seed 0 known: js
+            Spearman(pivot density, error) 0.39, entropy 0.54) the
+            headroom lab's third setting (experiments/pivottrace_premise.py ``--settings headroom``): chains of 2-12
+            additions, warm start taught 2-6, wrap slips, 128 tokens, 80 steps (the headroom lab's budget), eval
+            every 40 steps on 132 problems (mean@8), one triage at step 0, pool 512, no calibration pass here (the
+            premise script made it). Arms all_labels and pivot_30 (the claim's pair) for seeds 0-2, then random_30.
+            Expectations: all_labels as GRPO on the third setting (0.155 -> ~0.28 mean@8, noisy); pivot_30 below
+            it, since the warm start is wrong on ~86% of samples, so the majority pseudo-labels of the "confident"
+            half are right only where the chains are short; pivot_30 >= random_30 if density's correlation with
+            error (premise, js scorer) puts the short chains in the pseudo-label bucket. The paper's claim (30%
+            beats all labels) is expected not to hold.
 ``--arms`` restricts which arms are trained (to split runs across processes; the report always aggregates
 every arm whose runs all finished), ``--no-calibration`` skips the in-process calibration pass.
 
@@ -56,6 +67,10 @@ SETTINGS = {  # setting -> (experiment / output name, task + rollout overrides o
     "nochecks": ("pivottrace", [], 120),
     "checks": ("pivottrace_checks", ["task.max_checks=6", "task.check_correct_bonus=1",
                                      "rollout.max_completion_tokens=112"], 40),
+    "headroom": ("pivottrace_headroom", [  # the headroom lab's third setting, its packaged warm start
+        "task.ops=+", "task.min_steps=2", "task.max_steps=12", "task.sft_max_steps=6", "task.p_wrap_slip=0.6",
+        "task.max_checks=2", "task.privileged_frac=0.3", "model.warm_start_steps=1200", "model.warm_start_lr=1e-3",
+        "rollout.max_completion_tokens=128", "eval.every=40", "eval.k=8", "eval.n_problems=132"], 80),
 }
 EXPERIMENT, SETTING, STEPS = SETTINGS["nochecks"]  # set from --setting in main()
 COMMON = ["trainer.save_every=0", f"eval.every={EVAL_EVERY}", "trainer.sinks=[jsonl]"]
@@ -145,7 +160,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     do_calib = not args.no_calibration and (not args.report_only or (out_dir / "calibration.json").exists())
     calib = calibration(out_dir) if do_calib else None
-    arms = {k: [*SETTING, *COMMON, *v] + ([] if args.steps else [f"trainer.steps={STEPS}"]) for k, v in ARMS.items()}
+    arms = {k: [*COMMON, *SETTING, *v] + ([] if args.steps else [f"trainer.steps={STEPS}"]) for k, v in ARMS.items()}
     if not args.report_only:
         harness.run_arms(EXPERIMENT, RECIPE, {k: v for k, v in arms.items() if k in args.arms}, args)
     runs = harness.run_arms(EXPERIMENT, RECIPE, arms, argparse.Namespace(**{**vars(args), "report_only": True}))
