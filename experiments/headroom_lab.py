@@ -219,11 +219,11 @@ def forced_step_accuracy(model, tokenizer, problems, tag: str = "") -> dict[str,
                     wrap = a + x >= 10
                     ok = float(probs[v] + (probs[(v + 1) % 10] if wrap else 0.0))
                     top = int(probs.argmax())
-                    tag = "wrap" if wrap else "nowrap"
+                    kind = "wrap" if wrap else "nowrap"
                     c["n"] += 1
-                    c[f"n_{tag}"] += 1
+                    c[f"n_{kind}"] += 1
                     c["p_ok"] += ok
-                    c[f"p_ok_{tag}"] += ok
+                    c[f"p_ok_{kind}"] += ok
                     c["argmax_ok"] += top == v or (wrap and top == (v + 1) % 10)
                     if wrap:
                         c["slip_share"] += float(probs[(v + 1) % 10] / (probs[v] + probs[(v + 1) % 10]))
