@@ -193,17 +193,20 @@ def main() -> None:
     plots = [harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "eval_curves.png"),
              harness.plot_curves(runs, ["reward/mean", "rollout/completion_len_mean"], out_dir / "train_curves.png")]
     steps = args.steps or STEPS
+    ev = {"eval.every": str(EVAL_EVERY), "eval.k": "4", "eval.n_problems": "128"}  # COMMON's and the defaults,
+    ev |= dict(o.split("=", 1) for o in SETTING if o.startswith("eval."))  # unless the setting sets its own
+    mk = f"mean@{ev['eval.k']}"
     lines = [f"# {EXPERIMENT}\n", f"Recipe `{RECIPE}` {' '.join(SETTING)}".rstrip() + f", {steps} steps, seeds "
-             f"{args.seeds}, eval every {EVAL_EVERY} "
-             f"steps on 128 held-out problems (k=4, T=1). Cells: mean ± std [min, max] over seeds.\n",
-             f"Held-out mean@4 before RL (warm start): {before:.3f}.\n", harness.table(rows, cols),
-             f"\nSteps to reach mean@4 ≥ {target:.3f} (start + 80% of the all-labels arm's gain; inf = not reached):\n"]
+             f"{args.seeds}, eval every {ev['eval.every']} steps on {ev['eval.n_problems']} held-out problems "
+             f"(k={ev['eval.k']}, T=1). Cells: mean ± std [min, max] over seeds.\n",
+             f"Held-out {mk} before RL (warm start): {before:.3f}.\n", harness.table(rows, cols),
+             f"\nSteps to reach {mk} ≥ {target:.3f} (start + 80% of the all-labels arm's gain; inf = not reached):\n"]
     if full_final > before:
         lines += [f"- {arm}: {v}\n" for arm, v in speed.items()]
     else:
         lines.append(f"- not defined: the all-labels arm ends below its start ({full_final:.3f} < {before:.3f}), "
                      "so there is no gain to converge to.\n")
-    lines.append("\nHeld-out mean@4 at every evaluation:\n\n" + harness.eval_curve(runs))
+    lines.append(f"\nHeld-out {mk} at every evaluation:\n\n" + harness.eval_curve(runs))
     if missing:
         lines.append(f"\nNot reported (runs not finished for every seed): {', '.join(missing)}.\n")
     if calib:
