@@ -51,6 +51,32 @@ def test_the_re_tests_run_on_the_third_settings_task_warm_start_and_budget(metho
         (b.task, b.model, b.optim, r(b), b.trainer.steps, b.eval)
 
 
+@pytest.mark.parametrize("method, flaw", [("think_modes_headroom_lab", {"modes": True}),
+                                          ("dash_drift_headroom_lab", {"p_drift": 0.3})])
+def test_the_pathology_re_tests_change_only_the_flaw_of_the_third_setting(method, flaw):
+    """Think modes and DASH drift get their own warm start: the third setting's task with the slip and the
+    privileged examples swapped for the method's pathology; model, budget and eval stay."""
+    a, b = (load(ROOT / "recipes" / f"{n}.yaml") for n in ("headroom_unseen_lab", method))
+    swapped = dataclasses.replace(a.task.cfg, p_wrap_slip=0.0, privileged_frac=0.0, **flaw)
+    r = lambda c: (c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_completion_tokens)  # noqa: E731
+    assert (b.task.cfg, b.model, b.optim, r(b), b.trainer.steps, b.eval) == \
+        (swapped, a.model, a.optim, r(a), a.trainer.steps, a.eval)
+
+
+def test_the_think_modes_short_cap_admits_two_to_four_additions(tokenizer):
+    """recipes/think_modes_headroom_lab.yaml's cap_sh 27: a clean <SH> trace (tokens after the tag, EOS included)
+    fits for k = 2..4 and not from k = 5; <NT> (4 tokens) fits its cap 8 at every k."""
+    cfg = load(ROOT / "recipes" / "think_modes_headroom_lab.yaml")
+    lab = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    builder = cfg.rollout.builder.cfg
+    rng = random.Random(0)
+    for p in lab.test[:132]:
+        sh = n_tokens(tokenizer, lab.trace(p, rng, "<SH>").removeprefix("<SH>"))
+        nt = n_tokens(tokenizer, lab.trace(p, rng, "<NT>").removeprefix("<NT>"))
+        assert (sh <= builder.cap_sh) == (p.difficulty <= 4), (p.difficulty, sh)
+        assert nt == 4 <= builder.cap_nt
+
+
 def test_held_out_set_holds_every_difficulty_equally(headroom):
     ks = [p.difficulty for p in headroom.test[:132]]
     assert sorted(set(ks)) == list(range(2, 13))
