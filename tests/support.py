@@ -46,6 +46,14 @@ def rows(samples: list[Sample], advantages: list[torch.Tensor], problems: list[P
 
 
 
+def smoke_token_budget(recipe, smoke_tokens: int) -> list[str]:
+    """The override that keeps a smoke run's token budget above a think-modes recipe's caps (the builder refuses
+    caps at or above ``max_completion_tokens − 1``); nothing for any other recipe."""
+    builder = load(recipe).rollout.builder.cfg
+    caps = [getattr(builder, f) for f in ("cap_nt", "cap_sh") if hasattr(builder, f)]
+    return [f"rollout.max_completion_tokens={max(caps) + 2}"] if caps and max(caps) + 2 > smoke_tokens else []
+
+
 def vllm_lane_recipes() -> list:
     """The recipes the vLLM lane trains through the vLLM generator (tests/vllm_lane/test_vllm_methods.py): those on the
     embedded lab-tiny architecture (one shared engine serves them all), without Ray workers (those run the hf

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import pytest
+from support import smoke_token_budget
 
 from groupwise import api
 from groupwise.config import load
@@ -24,12 +25,8 @@ def test_there_are_recipes():
 def test_recipe_trains_two_steps(recipe, tmp_path, monkeypatch):
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path.parent.parent / "groupwise-cache"))
     monkeypatch.chdir(ROOT)  # recipes name example files relative to the repository root
-    written = load(recipe)
-    local = ["driver.local_steps=1"] if hasattr(written.driver.cfg, "local_steps") else []  # federated rounds
-    builder = written.rollout.builder.cfg
-    caps = [getattr(builder, f) for f in ("cap_nt", "cap_sh") if hasattr(builder, f)]
-    if caps and max(caps) + 2 > 24:  # think modes' caps must stay below the token budget, as in the recipe
-        local.append(f"rollout.max_completion_tokens={max(caps) + 2}")
+    local = ["driver.local_steps=1"] if hasattr(load(recipe).driver.cfg, "local_steps") else []  # federated rounds
+    local += smoke_token_budget(recipe, 24)  # think modes' caps stay below the token budget, as in the recipe
     cfg = load(recipe, [*SMOKE, *local, f"out_dir={tmp_path}"])
     if cfg.rollout.generator.name == "vllm":  # its own lane (its own virtual environment): tests/vllm_lane
         pytest.importorskip("vllm")

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from support import vllm_lane_recipes  # noqa: E402
+from support import smoke_token_budget, vllm_lane_recipes  # noqa: E402
 
 from groupwise.config import load  # noqa: E402
 from groupwise.loop.setup import build  # noqa: E402
@@ -47,9 +47,10 @@ def test_recipe_trains_with_vllm(recipe, engine, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(gw_vllm.VLLMGenerator, "_start", lambda self, *a: engine)
     monkeypatch.setattr(gw_vllm.VLLMGenerator, "close", lambda self: None)  # the module's engine lives on
-    cfg = load(recipe, [*SMOKE, f"out_dir={tmp_path}"])
+    smoke = [*SMOKE, *smoke_token_budget(recipe, 24), f"out_dir={tmp_path}"]
+    cfg = load(recipe, smoke)
     if cfg.rollout.group_size > 8:
-        cfg = load(recipe, [*SMOKE, f"out_dir={tmp_path}", "rollout.group_size=8"])
+        cfg = load(recipe, [*smoke, "rollout.group_size=8"])
     result = train(cfg)
     rows = [json.loads(x) for x in (tmp_path / cfg.name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "perf/step_s" in r]
