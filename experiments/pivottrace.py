@@ -63,14 +63,15 @@ import harness  # noqa: E402
 
 RECIPE = "recipes/pivottrace_lab.yaml"
 EVAL_EVERY = 20
+HEADROOM = [  # the headroom lab's third setting (recipes/headroom_unseen_lab.yaml's task), its packaged warm start
+    "task.ops=+", "task.min_steps=2", "task.max_steps=12", "task.sft_max_steps=6", "task.p_wrap_slip=0.6",
+    "task.max_checks=2", "task.privileged_frac=0.3", "model.warm_start_steps=1200", "model.warm_start_lr=1e-3",
+    "rollout.max_completion_tokens=128"]
 SETTINGS = {  # setting -> (experiment / output name, task + rollout overrides of the recipe, default steps)
     "nochecks": ("pivottrace", [], 120),
     "checks": ("pivottrace_checks", ["task.max_checks=6", "task.check_correct_bonus=1",
                                      "rollout.max_completion_tokens=112"], 40),
-    "headroom": ("pivottrace_headroom", [  # the headroom lab's third setting, its packaged warm start
-        "task.ops=+", "task.min_steps=2", "task.max_steps=12", "task.sft_max_steps=6", "task.p_wrap_slip=0.6",
-        "task.max_checks=2", "task.privileged_frac=0.3", "model.warm_start_steps=1200", "model.warm_start_lr=1e-3",
-        "rollout.max_completion_tokens=128", "eval.every=40", "eval.k=8", "eval.n_problems=132"], 80),
+    "headroom": ("pivottrace_headroom", [*HEADROOM, "eval.every=40", "eval.k=8", "eval.n_problems=132"], 80),
 }
 EXPERIMENT, SETTING, STEPS = SETTINGS["nochecks"]  # set from --setting in main()
 COMMON = ["trainer.save_every=0", f"eval.every={EVAL_EVERY}", "trainer.sinks=[jsonl]"]

@@ -52,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-from pivottrace import CALIB_POOL, CALIB_SAMPLES, RECIPE, calibration_probes  # noqa: E402
+from pivottrace import CALIB_POOL, CALIB_SAMPLES, HEADROOM, RECIPE, calibration_probes  # noqa: E402
 
 SETTINGS = {  # setting -> task / model / rollout overrides of the recipe
     "checks": ["task.max_checks=6", "task.check_correct_bonus=1", "rollout.max_completion_tokens=112"],
@@ -60,10 +60,7 @@ SETTINGS = {  # setting -> task / model / rollout overrides of the recipe
               "rollout.max_completion_tokens=64"],
 }
 SETTINGS["drift_floor0"] = [*SETTINGS["drift"], "select.min_shift=0.0"]  # post hoc, see the docstring
-SETTINGS["headroom"] = [  # the headroom lab's third setting (recipes/headroom_unseen_lab.yaml), its packaged warm start
-    "task.ops=+", "task.min_steps=2", "task.max_steps=12", "task.sft_max_steps=6", "task.p_wrap_slip=0.6",
-    "task.max_checks=2", "task.privileged_frac=0.3", "model.warm_start_steps=1200", "model.warm_start_lr=1e-3",
-    "rollout.max_completion_tokens=128"]
+SETTINGS["headroom"] = HEADROOM  # the headroom lab's third setting, the one experiments/pivottrace.py trains on
 CUES = {"checks": "chk", "drift": "wait", "drift_floor0": "wait", "headroom": "chk"}
 WINDOW = 2
 
