@@ -240,6 +240,26 @@ class Learner:
                     s.old_logprobs = lp[j, :s.length].clone()
         model.train(was)
 
+    @torch.no_grad()
+    def logprobs(self, model: torch.nn.Module, samples: list[Sample], vocab: bool = False) -> list[Tensor]:
+        """Teacher-forced log-probs of stored samples under ``model`` (no grad, eval mode), in the update's
+        micro-batches (``optim.micro_batch_tokens``, each prompt once with ``optim.shared_prefix``): each
+        sample's sampled-token log-probs [T] in the order given, or with ``vocab`` its log-softmax [T, V]."""
+        was = model.training
+        model.eval()
+        dev = next(model.parameters()).device
+        out: list[Tensor] = [torch.empty(0)] * len(samples)
+        o = self.settings.optim
+        for mb in plan_micro_batches(samples, o.micro_batch_tokens, o.shared_prefix):
+            rows = [samples[i] for i in mb]
+            packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], self.settings.pad_id, dev)
+            fwd = self._forward(model, packed, rows, with_vocab=vocab)
+            lp = fwd.vocab_logprobs if vocab else fwd.logprobs
+            for j, i in enumerate(mb):
+                out[i] = lp[j, :samples[i].length].cpu()
+        model.train(was)
+        return out
+
     def step(self, batch: TokenBatch) -> dict[str, float]:
         o = self.settings.optim
         norm = Normalizer.from_masks(list(batch.completion_mask), float(self.settings.max_completion_tokens))

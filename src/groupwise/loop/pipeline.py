@@ -16,7 +16,6 @@ from groupwise.credit import Credit
 from groupwise.filter import Filter
 from groupwise.loop.record import Recorder
 from groupwise.models import fsdp
-from groupwise.models.forward import completion_logprobs, pack
 from groupwise.parallel import data_parallel
 from groupwise.registry import Entry
 from groupwise.replay import Buffer
@@ -155,23 +154,11 @@ class Pipeline:
     def encode(self, problem: Problem) -> Tensor:
         return encode(problem, self.tokenizer, self.cfg.model.chat_template)
 
-    @torch.no_grad()
     def policy_logprobs(self, samples: list[Sample], vocab: bool = False) -> list[Tensor]:
-        """One teacher-forced pass of the current policy over stored samples (no grad, eval mode): each row's
-        sampled-token log-probs [T], or with ``vocab`` its whole log-softmax [T, V] (callers chunk the rows)."""
-        was = self.policy.training
-        self.policy.eval()
-        dev = next(self.policy.parameters()).device
-        out: list[Tensor] = []
-        for i in range(0, len(samples), 64):
-            chunk = samples[i:i + 64]
-            packed = pack([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
-                          self.learner.settings.pad_id, dev)
-            fwd = completion_logprobs(self.policy, packed, self.cfg.rollout.temperature, with_vocab=vocab)
-            lp = fwd.vocab_logprobs if vocab else fwd.logprobs
-            out += [lp[k, :s.length].cpu() for k, s in enumerate(chunk)]
-        self.policy.train(was)
-        return out
+        """The current policy's teacher-forced log-probs of stored samples (``Learner.logprobs``: the update's
+        micro-batches and forward, so ``optim.shared_prefix`` applies): each row's sampled-token log-probs [T],
+        or with ``vocab`` its whole log-softmax [T, V]."""
+        return self.learner.logprobs(self.policy, samples, vocab)
 
     def context(self, step: int, shard: int | None = None, draws: dict | None = None) -> RolloutContext:
         """The step's context. ``ctx.rng(stage)`` seeds from (seed, step, stage, n-th draw of that stage this

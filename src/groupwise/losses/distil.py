@@ -35,7 +35,8 @@ reads the whole group, which a micro-batch does not hold. The black-box Monte-Ca
 only) is not built: every teacher here exposes its distribution. c_seq = β_RL = 0 with the ``distil`` loss
 alone is forward-CE distillation; c_seq = 0 and β_RL = 1 with the distil loss at weight 0 is GRPO bit for bit.
 Metrics: ``loss/distil_ce``, ``loss/distil_kl`` (ℓ_t − H(π_T)), ``rollout/distil_cost`` (mean Σ_t sg(ℓ_t)),
-``rollout/distil_policy_forwards`` (the transform's no-grad student passes; its teacher passes are in ``teacher/*``).
+``rollout/distil_policy_forwards`` (the transform's no-grad student calls, one per ``chunk`` rows, each run in the
+update's micro-batches; its teacher passes are in ``teacher/*``).
 """
 
 from __future__ import annotations

@@ -123,3 +123,35 @@ def test_shared_prefix_updates_are_micro_batch_invariant(tiny_model, tokenizer):
     assert m1["update/micro_batches"] == 1 and m2["update/micro_batches"] >= 3
     for k in one:
         assert_close(many[k], one[k], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("vocab", [False, True], ids=["sampled", "vocab"])
+def test_stored_sample_logprobs_use_the_update_s_pass(tiny_model, tokenizer, vocab):
+    """``Learner.logprobs`` (what replay, RLCSD, RREDCoT and DistIL read through ``Pipeline.policy_logprobs``)
+    returns each row's plain teacher-forced log-probs in the order given, whatever the micro-batching, and with
+    ``optim.shared_prefix`` runs each prompt once."""
+    import support
+
+    rows = grouped(tokenizer)
+    packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], tokenizer.pad_token_id)
+    tiny_model.train()
+    for shared, budget in ((False, 100000), (False, 60), (True, 60), (True, 100000)):
+        learner = support.learner(tiny_model, tokenizer, [f"optim.shared_prefix={shared}",
+                                                          f"optim.micro_batch_tokens={budget}"])
+        ref = completion_logprobs(tiny_model.eval(), packed, learner.settings.temperature, with_vocab=vocab)
+        ref = ref.vocab_logprobs if vocab else ref.logprobs
+        tiny_model.train()
+        seen: list[int] = []
+        hook = tiny_model.get_input_embeddings().register_forward_hook(
+            lambda m, i, o, seen=seen: seen.append(i[0].numel()))
+        got = learner.logprobs(tiny_model, rows, vocab)
+        hook.remove()
+        assert tiny_model.training, "the model's mode is restored"
+        assert len(got) == len(rows) and not got[0].requires_grad
+        for k, s in enumerate(rows):
+            assert got[k].shape == ref[k, :s.length].shape
+            assert_close(got[k], ref[k, :s.length], rtol=0, atol=1e-5)
+        if shared and budget == 100000:  # one micro-batch: the 3 prompts once (widest 31), then 12 completions
+            assert seen == [3 * 31, len(rows) * max(s.length for s in rows)]
+        if budget == 60:
+            assert len(seen) >= (6 if shared else 3), "several micro-batches, so the order is really remapped"
