@@ -30,6 +30,30 @@ a longer run is the state at the end of an N-step run (same eval seed, same eval
 experiments/acoer.py uses these same grpo runs as its accuracy-only arm.
 
 Usage: PYTHONPATH=src python experiments/qlpo.py --jobs 2 [--seeds 0 1 2] [--steps N] [--report-only]
+
+Real-model setting (``--setting smollm2``; issue 30's "one method on the real model"; written 2026-12-05 before
+any run). recipes/smollm2_math.yaml (SmolLM2-135M-Instruct, LoRA, 8 prompts per step, 2-term +/- arithmetic,
+48-token cap, lr 6e-4 constant) with ``rollout.group_size=16`` and the qlpo transform (keep 8, alpha 1/3), so
+each step samples 16 per prompt and trains on 8 per prompt: the paper's comparison, the same trained batch as
+GRPO G = 8. One arm, 3 seeds, 50 steps, held-out eval (200 problems, mean@4 at T = 1, greedy) at step 50 only.
+GRPO is read from the committed runs of experiments/smollm2.py (experiments/out/smollm2) at their step-50
+eval, as experiments/async_rollouts.py does (constant lr, same seeds; the step-0 eval is theirs too);
+``check_smollm2`` fails unless the resolved configs differ only in the listed keys. Budget: a GRPO step there
+took ~28 s of which ~22 s generation, so ~50 s a step here (twice the generation), ~45-55 min a run on one
+thread, two runs at once: ~1 h 45 min for the three seeds. qlpo_a1 and grpo_g16 are not run here (time).
+
+Expectations (written before the runs):
+- Length: no 30-70% cut. The completions are ~21 tokens and shaped by the prompt's two worked examples
+  (``a - b = c. The final answer is \\boxed{c}.``); in the GRPO runs' logged groups the correct samples are
+  19-26 tokens and a group's correct samples differ by a token or two (the digits of the answer), so there is
+  no length slack for the quadrant weighting to remove. Expect held-out length within 5% of GRPO's.
+- Accuracy: the pool of 16 holds a mixed group more often than 8 samples do, and the quota keeps a mixed pool
+  mixed (m+ clamped to [1, 7]), so fewer kept groups have zero reward variance (``adv/zero_std_group_frac``
+  below GRPO's 0.5-0.7). That may speed learning a little, but GRPO's seeds spread ±0.048 at step 50, so any
+  accuracy difference under ~5 points will not be distinguishable at 3 seeds; expect mean@4 within GRPO's
+  seed range, at twice the generated tokens.
+
+    PYTHONPATH=src python experiments/qlpo.py --setting smollm2 --jobs 2
 """
 
 from __future__ import annotations
@@ -249,8 +273,92 @@ def ensure_baseline(seeds: list[int], jobs: int = 1, steps: int = STEPS) -> list
         return harness.run_arms("qlpo", RECIPE, {"grpo": [*COMMON, *ARMS["grpo"]]}, args)["grpo"]
 
 
+SMOLLM2_RECIPE, SMOLLM2_STEPS = "recipes/smollm2_math.yaml", 50
+SMOLLM2_GRPO = harness.OUT / "smollm2"  # experiments/smollm2.py's committed GRPO runs, read at step 50
+SMOLLM2_QLPO = ["trainer.steps=50", "eval.every=0", "eval.before=false", "trainer.save_every=0",
+                "trainer.sinks=[jsonl]", "rollout.group_size=16",
+                "rollout.transforms=[{name: qlpo, keep: 8, alpha: 0.3333333333333333}]"]
+# keys allowed to differ from the GRPO runs: the arm's own, eval/save cadence and micro-batching (same gradient,
+# pinned by tests), and keys added to groupwise after those runs, each at its default
+SMOLLM2_FREE = {"name", "out_dir", "seed", "rollout.group_size", "rollout.transforms", "trainer.steps",
+                "trainer.save_every", "eval.every", "eval.before", "optim.micro_batch_tokens"}
+SMOLLM2_ADDED = {"rollout.sync_check": "resync", "rollout.sync_check_tol": 0.0, "rollout.max_async_level": 0,
+                 "rollout.async_timeout_s": 3600.0, "reward.fail_fast": True,
+                 "loss.importance_sampling": {"mode": "none", "cap": 3.0}}
+
+
+def flat(cfg: dict, prefix: str = "") -> dict:
+    """Dotted keys -> values, down to the config's sections' fields (lists and transform dicts kept whole)."""
+    out = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and not prefix:
+            out.update(flat(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def check_smollm2(qlpo: list[Path], grpo: list[Path]) -> str:
+    """Fail unless each QLPO run's resolved config equals its GRPO seed's outside SMOLLM2_FREE, with keys added
+    later at their SMOLLM2_ADDED defaults; returns the differing keys, for the report."""
+    diff: set[str] = set()
+    for q, g in zip(qlpo, grpo):
+        a, b = flat(resolved(q)), flat(resolved(g))
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) == b.get(key) or key in SMOLLM2_FREE:
+                diff |= {key} if a.get(key) != b.get(key) else set()
+                continue
+            if key not in b and SMOLLM2_ADDED.get(key, object()) == a[key]:
+                continue
+            raise SystemExit(f"{q}: {key} = {a.get(key)!r} but the GRPO run {g} has {b.get(key)!r}")
+    return ", ".join(sorted(diff - {"name", "out_dir"}))
+
+
+def smollm2(args) -> None:
+    """The real-model setting (see the module docstring): one QLPO arm against the committed GRPO runs."""
+    out_dir = Path(args.out) if args.out else harness.OUT / "qlpo_smollm2"
+    qlpo = harness.run_arms("qlpo_smollm2", SMOLLM2_RECIPE, {"qlpo": SMOLLM2_QLPO}, args)["qlpo"]
+    grpo = [SMOLLM2_GRPO / f"grpo_lora-s{s}" for s in args.seeds]
+    freed = check_smollm2(qlpo, grpo)
+    step = SMOLLM2_STEPS
+    keys = ("eval/mean_at_k", "eval/greedy_acc", "eval/len_mean", "eval/len_correct_mean", "eval/format_frac")
+    cells = {"warm start (GRPO runs' step 0)": {k: harness.agg([eval_at(d, 0)[k] for d in grpo]) for k in keys},
+             f"grpo (G = 8), step {step}": {k: harness.agg([eval_at(d, step)[k] for d in grpo]) for k in keys},
+             f"qlpo (16 -> 8, alpha 1/3), step {step}": {k: harness.agg([eval_at(d, step)[k] for d in qlpo])
+                                                         for k in keys}}
+    for label, dirs in ((f"grpo (G = 8), step {step}", grpo), (f"qlpo (16 -> 8, alpha 1/3), step {step}", qlpo)):
+        cells[label] |= {
+            "zero-variance groups (trained)": harness.agg([statistics.fmean(
+                r["adv/zero_std_group_frac"] for r in rows(d, step)) for d in dirs]),
+            "generated tokens (k)": harness.agg([rows(d, step)[-1]["perf/gen_tokens_total"] / 1e3 for d in dirs]),
+            "update tokens (k)": harness.agg([sum(r["update/loss_tokens"] for r in rows(d, step)) / 1e3
+                                              for d in dirs])}
+    cols = [*keys, "zero-variance groups (trained)", "generated tokens (k)", "update tokens (k)"]
+    paired = "; ".join(
+        f"seed {s}: mean@4 {100 * (eval_at(q, step)['eval/mean_at_k'] - eval_at(g, step)['eval/mean_at_k']):+.1f}, "
+        f"length {100 * (eval_at(q, step)['eval/len_mean'] / eval_at(g, step)['eval/len_mean'] - 1):+.1f}%"
+        for s, q, g in zip(args.seeds, qlpo, grpo))
+    runs = {"grpo": grpo, "qlpo": qlpo}
+    md = (f"# QLPO on the real model (SmolLM2-135M-Instruct, LoRA)\n\n`{SMOLLM2_RECIPE}` "
+          f"{' '.join(SMOLLM2_QLPO)}; seeds {args.seeds}; GRPO: experiments/smollm2.py's runs "
+          f"({SMOLLM2_GRPO.name}/grpo_lora-s*) read at their step-{step} eval. Keys that differ from them: "
+          f"{freed}. Held-out: 200 problems, mean@4 at T = 1 and greedy. Cells: mean ± std [min, max] over "
+          "seeds; training columns over steps 1-" + str(step) + ".\n\n" + harness.table(cells, cols) +
+          f"\nPaired QLPO − GRPO per seed: {paired}.\n\n"
+          "Quadrant shares of the pool of 16 (before) and of the kept 8 (after), first and last 10 steps:\n\n"
+          + quadrant_table({"qlpo": qlpo}, step) + "\n")
+    (out_dir / "results.md").write_text(md)
+    harness.plot_curves(runs, ["reward/correct_frac", "adv/zero_std_group_frac", "rollout/completion_len_mean"],
+                        out_dir / "training.png")
+    print(md)
+
+
 def main() -> None:
-    args = harness.cli_args(__doc__.splitlines()[0])
+    args = harness.cli_args(__doc__.splitlines()[0], lambda p: p.add_argument(
+        "--setting", choices=["lab", "smollm2"], default="lab"))
+    if args.setting == "smollm2":
+        return smollm2(args)
     out_dir = Path(args.out) if args.out else harness.OUT / "qlpo"
     if args.out and not args.report_only:
         raise SystemExit("--out is not supported for training: the grpo baseline lives in experiments/out/qlpo")
