@@ -1,5 +1,5 @@
-"""The distillation re-tests on the headroom lab's third setting (issue 30): DistIL, and OPSD / DASH-OPSD, against
-the setting's own GRPO runs.
+"""Re-tests on the headroom lab's third setting (issue 30) against the setting's own GRPO runs: DistIL, OPSD /
+DASH-OPSD and GARL.
 
 Written before any run of these arms (2026-12-05). Setting: ``recipes/headroom_unseen_lab.yaml`` (chains of 2-12
 additions mod 10; the warm start imitates a wrap slip and was taught chains of 2-6 only), its RL budget unchanged
@@ -32,10 +32,23 @@ DASH beats vanilla OPSD with no extra forward pass. On the first lab the gate wa
 direction held with confidence; (3) equal forwards per step (no extra pass). The first lab's OPSD rose for 50 steps
 and then fell below its warm start by step 300, so a fall after step 40 is possible; both evals are reported.
 
+``--method garl`` (``recipes/headroom_unseen_lab.yaml`` itself; arms grpo, garl_q075; written 2026-12-05 before
+any run of the arm). Claim (arXiv:2604.25907): GARL q = 0.75 escapes a cold start where GRPO stalls. The first lab
+had no setting where it could show (no arm escaped its cold start in 200 steps). Here the chains of 7-12 are a
+cold start inside a warm one: GRPO's held-out mean@8 there stays at 0.07-0.14, about chance (a guess mod 10).
+The arm: leave-one-out advantage amplified per prompt by max(P̂, 1/8)^(-0.75) (``advantage=rloo``, the ``garl``
+transform at q = 0.75, as recipes/garl_lab.yaml), nothing else changed. One success in 8 gets advantage
+1 · 8^0.75 ≈ 4.8 against GRPO's std-normalised ≈ 2.5, so GARL pushes rare successes about twice as hard.
+Expectations: (1) mean@8 on k >= 7 does not rise above GRPO's: a success there is mostly a lucky guess (pass@8 on
+those k is ~1 - 0.9^8), and pushing a lucky guess harder teaches no seventh step; the claim is read as reproduced
+only if GARL's k >= 7 range lies above GRPO's. (2) Overall mean@8 within GRPO's seed range (0.162-0.411); the
+larger advantages may make it less stable, not more. Held with moderate confidence. ``rloo`` alone (q = 0) is the
+control to add if GARL differs from GRPO.
+
 Not here: GraphPO (needs a tree-width calibration at this warm start for the equal budget), think modes, DASH
 drift and PivotTrace (each needs its own warm-start pathology, one build each).
 
-Usage: PYTHONPATH=src python experiments/headroom_retests.py --method distil|dash_opsd --jobs 1 [--report-only]
+Usage: PYTHONPATH=src python experiments/headroom_retests.py --method distil|dash_opsd|garl --jobs 1 [--report-only]
 """
 
 from __future__ import annotations
@@ -64,6 +77,9 @@ METHODS = {  # method -> (recipe, arms)
         "grpo": ["loss.terms=[ppo_clip]", *NO_TEACHER],
         "opsd": ["loss.terms=[{name: opsd, beta: 0.0, token_clip: 0.05, support: vocab}]"],  # DASH's r_t, λ ≡ 0
         "dash": []}),
+    "garl": ("recipes/headroom_unseen_lab.yaml", {
+        "grpo": [],
+        "garl_q075": ["advantage=rloo", "advantage_transforms=[{name: garl, q: 0.75}]"]}),
 }
 LONG = range(7, 13)  # the chains the warm start never saw
 TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards")  # where logged
