@@ -155,3 +155,25 @@ def test_stored_sample_logprobs_use_the_update_s_pass(tiny_model, tokenizer, voc
             assert seen == [3 * 31, len(rows) * max(s.length for s in rows)]
         if budget == 60:
             assert len(seen) >= (6 if shared else 3), "several micro-batches, so the order is really remapped"
+
+
+def test_the_stored_logprobs_benchmark_runs(monkeypatch, capsys):
+    """benchmarks/stored_logprobs.py on the lab recipe, one round of 2 x 2 rows, so it cannot rot silently."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "stored_logprobs.py"
+    spec = importlib.util.spec_from_file_location("stored_logprobs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(sys, "argv", ["stored_logprobs.py", "--recipe", "recipes/grpo_lab.yaml", "--rounds", "1",
+                                      "--prompts", "2", "--group", "2"])
+    monkeypatch.chdir(path.parents[1])
+    threads = torch.get_num_threads()
+    try:
+        mod.main()
+    finally:
+        torch.set_num_threads(threads)  # the benchmark's build sets 1 thread for the whole process
+    out = capsys.readouterr().out
+    assert "4 rows (2 prompts x 2)" in out and "max |diff| 0.0e+00" in out
