@@ -79,7 +79,9 @@ METHODS = {  # method -> (recipe, arms)
         "dash": []}),
     "garl": ("recipes/headroom_unseen_lab.yaml", {
         "grpo": [],
-        "garl_q075": ["advantage=rloo", "advantage_transforms=[{name: garl, q: 0.75}]"]}),
+        "garl_q075": ["advantage=rloo", "advantage_transforms=[{name: garl, q: 0.75}]"],
+        # added after garl_q075 had run (its k = 5-6 fell below GRPO's): GARL at q = 0, leave-one-out without std
+        "rloo": ["advantage=rloo", "advantage_transforms=[]"]}),
 }
 LONG = range(7, 13)  # the chains the warm start never saw
 TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards")  # where logged
