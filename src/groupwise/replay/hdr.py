@@ -22,10 +22,11 @@ groups FIFO after the update (``add``), so a group is never replayed in the step
 
   B  eligible groups sorted by cached headroom, descending; ties go to the most recently stored group
      (so with equal headroom and τ = ∞ HDR replays exactly what ``fifo`` replays).
-  C  the scan runs in chunks of (K_rep − admitted so far) groups, one batched ``ctx.policy_logprobs`` call
-     per chunk: every scanned group gets exactly one pass, no group past the point where K_rep are admitted
-     is scanned, and nothing is generated. Each scanned group's cached headroom becomes H(g; π_θt) (rejected
-     ones too); unscanned groups keep theirs; a new group's cache is H(g; π_gen) from its stored log-probs.
+  C  the scan runs in chunks of (K_rep − admitted so far) groups, one ``ctx.policy_logprobs`` call per chunk
+     (run in the update's micro-batches): every scanned group gets exactly one pass, no group past the point
+     where K_rep are admitted is scanned, and nothing is generated. Each scanned group's cached headroom
+     becomes H(g; π_θt) (rejected ones too); unscanned groups keep theirs; a new group's cache is H(g; π_gen)
+     from its stored log-probs.
 
 Design choices where the paper is silent (spec §1 [design]); store, ingress, eviction and budget rules are
 those of ``replay/basic.py``:
