@@ -45,6 +45,14 @@ only if GARL's k >= 7 range lies above GRPO's. (2) Overall mean@8 within GRPO's 
 larger advantages may make it less stable, not more. Held with moderate confidence. ``rloo`` alone (q = 0) is the
 control to add if GARL differs from GRPO.
 
+``paft_q075`` (added to ``--method garl`` after its other arms had run; written 2026-12-05 before its runs): the
+paper's warm-start claim, PAFT q = 0.75 is the stable choice from a warm start and beats GRPO there (HotPotQA
++14.4 maj@16). The arm: ``advantage={name: paft, q: 0.75}``, the ``paft`` loss (SFT on resampled successes,
+weighted P̂^(1-q)), as recipes/paft_lab.yaml. Expectations: PAFT only imitates its own successes, so it learns
+the k <= 6 chains where successes are skill and leaves k >= 7 at chance like every arm; mean@8 and maj@8 within
+GRPO's seed range (GRPO's spread, 0.162-0.411, is too wide for 3 seeds to show a 14-point gain unless the
+ranges separate); read as reproduced only if PAFT's mean@8 range lies above GRPO's.
+
 Not here: GraphPO (needs a tree-width calibration at this warm start for the equal budget), think modes, DASH
 drift and PivotTrace (each needs its own warm-start pathology, one build each).
 
@@ -81,7 +89,8 @@ METHODS = {  # method -> (recipe, arms)
         "grpo": [],
         "garl_q075": ["advantage=rloo", "advantage_transforms=[{name: garl, q: 0.75}]"],
         # added after garl_q075 had run (its k = 5-6 fell below GRPO's): GARL at q = 0, leave-one-out without std
-        "rloo": ["advantage=rloo", "advantage_transforms=[]"]}),
+        "rloo": ["advantage=rloo", "advantage_transforms=[]"],
+        "paft_q075": ["advantage={name: paft, q: 0.75}", "advantage_transforms=[]", "loss.terms=[paft]"]}),
 }
 LONG = range(7, 13)  # the chains the warm start never saw
 TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards")  # where logged
@@ -119,12 +128,12 @@ def main() -> None:
     start = runs["grpo"]  # every arm's step-0 eval is the warm start's on the same seed
     rows = {"warm start (step 0)": {
         **{k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in start])
-           for k in ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean")},
+           for k in ("mean_at_k", "pass_at_k", "maj_at_k", "greedy_acc", "len_mean")},
         "mean@8 k>=7": harness.agg([long_mean(d, "before") for d in start]),
         "whole traces": harness.agg([whole_traces(d, 0) for d in start])}}
     training: dict[str, dict[str, str]] = {}
     for arm, dirs in runs.items():
-        cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean"))
+        cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "maj_at_k", "greedy_acc", "len_mean"))
         cells["mean@8 k>=7"] = harness.agg([long_mean(d) for d in dirs])
         last = max(r["step"] for r in harness.metrics(dirs[0]))
         cells["whole traces"] = harness.agg([whole_traces(d, last) for d in dirs])
@@ -135,8 +144,8 @@ def main() -> None:
         for key in (k for k in TRAINING if any(k in r for r in harness.metrics(dirs[0]))):
             training.setdefault(arm, {})[key] = harness.fmt(harness.agg([harness.head_mean(d, key) for d in dirs])) \
                 + " → " + harness.fmt(harness.agg([harness.tail_mean(d, key) for d in dirs]))
-    cols = ["mean_at_k", "mean@8 k>=7", "whole traces", "pass_at_k", "greedy_acc", "len_mean", "entropy(tail20)",
-            "forwards/step", "s/step", "wall_s"]
+    cols = ["mean_at_k", "mean@8 k>=7", "whole traces", "pass_at_k", "maj_at_k", "greedy_acc", "len_mean",
+            "entropy(tail20)", "forwards/step", "s/step", "wall_s"]
     png = harness.plot_curves(runs, ["eval/mean_at_k", "eval/pass_at_k", "policy/entropy"], out_dir / "curves.png")
     lines = [f"# {experiment}\n\n`{recipe}`, seeds {args.seeds}; 132 held-out problems (12 per k = 2..12), mean@8 "
              "and pass@8 at T = 1, greedy. Warm start: " + harness.fmt(harness.warm_start_eval(runs)) + " mean@8, "
