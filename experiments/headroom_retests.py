@@ -53,6 +53,11 @@ the k <= 6 chains where successes are skill and leaves k >= 7 at chance like eve
 GRPO's seed range (GRPO's spread, 0.162-0.411, is too wide for 3 seeds to show a 14-point gain unless the
 ranges separate); read as reproduced only if PAFT's mean@8 range lies above GRPO's.
 
+Seeds 3-5 for grpo, garl_q075 and rloo (added 2026-12-05 after seeds 0-2 of all four arms, before these runs): the
+q-ordering seen on seeds 0-2 (rloo 0.378 > grpo 0.280 > garl 0.243 mean@8, ranges overlapping) is checked on three
+fresh seeds; it is read as holding only if the six-seed means keep that order and rloo - garl is positive in at
+least five of the six seeds. ``--seeds 3 4 5 --arms grpo garl_q075 rloo``; every seed is reported.
+
 Not here: GraphPO (needs a tree-width calibration at this warm start for the equal budget), think modes, DASH
 drift and PivotTrace (each needs its own warm-start pathology, one build each).
 
