@@ -92,7 +92,10 @@ def eval_at(run: Path, step: int) -> dict:
 # config keys added to groupwise after some runs were made, at values that leave the run unchanged (each one's
 # default path is the old code path, pinned by its tests): dropped before comparing, so an old run compares
 ADDED_AT_DEFAULT = ((("task", "label_noise"), 0.0), (("eval", "forced_prefix"), ""),
-                    (("rollout", "generator", "decode"), "model"))
+                    (("rollout", "generator", "decode"), "model"), (("rollout", "sync_check"), "resync"),
+                    (("rollout", "sync_check_tol"), 0.0), (("rollout", "max_async_level"), 0),
+                    (("rollout", "async_timeout_s"), 3600.0), (("reward", "fail_fast"), True),
+                    (("loss", "importance_sampling"), {"mode": "none", "cap": 3.0}))
 
 
 def comparable(resolved: dict) -> dict:
@@ -278,13 +281,10 @@ SMOLLM2_GRPO = harness.OUT / "smollm2"  # experiments/smollm2.py's committed GRP
 SMOLLM2_QLPO = ["trainer.steps=50", "eval.every=0", "eval.before=false", "trainer.save_every=0",
                 "trainer.sinks=[jsonl]", "rollout.group_size=16",
                 "rollout.transforms=[{name: qlpo, keep: 8, alpha: 0.3333333333333333}]"]
-# keys allowed to differ from the GRPO runs: the arm's own, eval/save cadence and micro-batching (same gradient,
-# pinned by tests), and keys added to groupwise after those runs, each at its default
-SMOLLM2_FREE = {"name", "out_dir", "seed", "rollout.group_size", "rollout.transforms", "trainer.steps",
-                "trainer.save_every", "eval.every", "eval.before", "optim.micro_batch_tokens"}
-SMOLLM2_ADDED = {"rollout.sync_check": "resync", "rollout.sync_check_tol": 0.0, "rollout.max_async_level": 0,
-                 "rollout.async_timeout_s": 3600.0, "reward.fail_fast": True,
-                 "loss.importance_sampling": {"mode": "none", "cap": 3.0}}
+# keys allowed to differ from the GRPO runs besides those ``comparable`` drops: the arm's own, the eval and save
+# cadence, and micro-batching (same gradient, pinned by tests)
+SMOLLM2_FREE = {"rollout.group_size", "rollout.transforms", "trainer.save_every", "eval.every", "eval.before",
+                "optim.micro_batch_tokens"}
 
 
 def flat(cfg: dict, prefix: str = "") -> dict:
@@ -300,19 +300,16 @@ def flat(cfg: dict, prefix: str = "") -> dict:
 
 
 def check_smollm2(qlpo: list[Path], grpo: list[Path]) -> str:
-    """Fail unless each QLPO run's resolved config equals its GRPO seed's outside SMOLLM2_FREE, with keys added
-    later at their SMOLLM2_ADDED defaults; returns the differing keys, for the report."""
+    """Fail unless each QLPO run's ``comparable`` config equals its GRPO seed's outside SMOLLM2_FREE; returns the
+    keys that differ, for the report."""
     diff: set[str] = set()
     for q, g in zip(qlpo, grpo):
-        a, b = flat(resolved(q)), flat(resolved(g))
-        for key in sorted(set(a) | set(b)):
-            if a.get(key) == b.get(key) or key in SMOLLM2_FREE:
-                diff |= {key} if a.get(key) != b.get(key) else set()
-                continue
-            if key not in b and SMOLLM2_ADDED.get(key, object()) == a[key]:
-                continue
-            raise SystemExit(f"{q}: {key} = {a.get(key)!r} but the GRPO run {g} has {b.get(key)!r}")
-    return ", ".join(sorted(diff - {"name", "out_dir"}))
+        a, b = flat(comparable(resolved(q))), flat(comparable(resolved(g)))
+        for key in sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)):
+            if key not in SMOLLM2_FREE:
+                raise SystemExit(f"{q}: {key} = {a.get(key)!r} but the GRPO run {g} has {b.get(key)!r}")
+            diff.add(key)
+    return ", ".join(sorted(diff | {"trainer.steps"}))
 
 
 def smollm2(args) -> None:
