@@ -46,9 +46,11 @@ def rows(samples: list[Sample], advantages: list[torch.Tensor], problems: list[P
 
 
 
-def smoke_token_budget(recipe, smoke_tokens: int) -> list[str]:
-    """The override that keeps a smoke run's token budget above a think-modes recipe's caps (the builder refuses
-    caps at or above ``max_completion_tokens − 1``); nothing for any other recipe."""
+def smoke_token_budget(recipe, smoke: list[str]) -> list[str]:
+    """The override that keeps a smoke run's token budget (``rollout.max_completion_tokens`` in the ``smoke``
+    overrides) above a think-modes recipe's caps (the builder refuses caps at or above the budget − 1); nothing for
+    any other recipe."""
+    smoke_tokens = int(dict(o.split("=", 1) for o in smoke)["rollout.max_completion_tokens"])
     builder = load(recipe).rollout.builder.cfg
     caps = [getattr(builder, f) for f in ("cap_nt", "cap_sh") if hasattr(builder, f)]
     return [f"rollout.max_completion_tokens={max(caps) + 2}"] if caps and max(caps) + 2 > smoke_tokens else []

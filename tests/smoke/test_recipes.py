@@ -26,7 +26,7 @@ def test_recipe_trains_two_steps(recipe, tmp_path, monkeypatch):
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path.parent.parent / "groupwise-cache"))
     monkeypatch.chdir(ROOT)  # recipes name example files relative to the repository root
     local = ["driver.local_steps=1"] if hasattr(load(recipe).driver.cfg, "local_steps") else []  # federated rounds
-    local += smoke_token_budget(recipe, 24)  # think modes' caps stay below the token budget, as in the recipe
+    local += smoke_token_budget(recipe, SMOKE)  # think modes' caps stay below the token budget, as in the recipe
     cfg = load(recipe, [*SMOKE, *local, f"out_dir={tmp_path}"])
     if cfg.rollout.generator.name == "vllm":  # its own lane (its own virtual environment): tests/vllm_lane
         pytest.importorskip("vllm")

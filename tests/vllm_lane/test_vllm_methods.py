@@ -47,7 +47,7 @@ def test_recipe_trains_with_vllm(recipe, engine, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(gw_vllm.VLLMGenerator, "_start", lambda self, *a: engine)
     monkeypatch.setattr(gw_vllm.VLLMGenerator, "close", lambda self: None)  # the module's engine lives on
-    smoke = [*SMOKE, *smoke_token_budget(recipe, 24), f"out_dir={tmp_path}"]
+    smoke = [*SMOKE, *smoke_token_budget(recipe, SMOKE), f"out_dir={tmp_path}"]
     cfg = load(recipe, smoke)
     if cfg.rollout.group_size > 8:
         cfg = load(recipe, [*smoke, "rollout.group_size=8"])
