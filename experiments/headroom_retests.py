@@ -1,5 +1,5 @@
 """Re-tests on the headroom lab's third setting (issue 30) against the setting's own GRPO runs: DistIL, OPSD /
-DASH-OPSD and GARL.
+DASH-OPSD, GARL / PAFT and the three length methods (QLPO, ACOER, DRE).
 
 Written before any run of these arms (2026-12-05). Setting: ``recipes/headroom_unseen_lab.yaml`` (chains of 2-12
 additions mod 10; the warm start imitates a wrap slip and was taught chains of 2-6 only), its RL budget unchanged
@@ -58,10 +58,36 @@ q-ordering seen on seeds 0-2 (rloo 0.378 > grpo 0.280 > garl 0.243 mean@8, range
 fresh seeds; it is read as holding only if the six-seed means keep that order and rloo - garl is positive in at
 least five of the six seeds. ``--seeds 3 4 5 --arms grpo garl_q075 rloo``; every seed is reported.
 
+``--method length`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, qlpo, acoer, dre; written 2026-12-05 before
+any run of these three arms). The three methods that cut length on the first lab (QLPO -32% at +1.3 points mean@4,
+ACOER -33% at -1.6, DRE's post-answer tail -98% and length -33% at equal accuracy), where GRPO ends at 0.90 and
+the only slack is 0-7 re-checks. Here accuracy has headroom and the slack is of two kinds: 0-2 re-checks after the
+commitment (``chk <last step>;``, 10 tokens each, about one per answer at the warm start, never changing the
+answer) and loops to the 128-token cap at k >= 10 (19% of warm-start samples, always wrong). The arms, each the
+method's lab recipe carried over with nothing tuned: ``qlpo`` samples 16 per prompt and keeps 8 by quadrant,
+alpha = 1/3 (``recipes/qlpo_lab.yaml``: equal trained samples, twice the generation, the paper's comparison);
+``acoer`` is ``recipes/acoer_lab.yaml``'s reward with its budget starting at this setting's cap (128 tokens, the
+spec's "budget starts at the completion cap"); ``dre`` is ``recipes/dre_lab.yaml``'s transform (text detector,
+tau_abs 4, so any re-check is an editable tail). Read at step 80 on the held-out set: mean@8, k >= 7, pass@8, and
+the length table (all samples, correct samples, the post-answer tail of correct answers as ``experiments/dre.py``
+reads it, the share cut off at the cap). GRPO's length spreads 44-98 tokens over seeds (its loops), so the
+correct answers' length and tail are the primary length readings. A difference is called clear only where the
+seed ranges do not overlap; mean@8 is also given per seed (same seed: same warm-start eval, same first prompts).
+Expectations: (1) DRE: the tail of correct answers at least 50% below GRPO's (the spec's bar), held with
+confidence; loops untouched (DRE edits only rollouts where a correct answer emerges, and a loop commits to none),
+so the capped share is GRPO's within noise; mean@8 within GRPO's seed range. (2) ACOER: correct answers shorter
+than GRPO's, by the tail; loops are wrong and score 0 as under GRPO, so the capped share is GRPO's; mean@8 within
+GRPO's range, possibly below its mean (a length term beside a correctness still being learned; -1.6 on the first
+lab). Held moderately. (3) QLPO: correct answers shorter than GRPO's (long-correct samples are the quadrant it
+drops); loops are long-incorrect, the quadrant it keeps, so no fewer loops than GRPO; mean@8 at or above GRPO's
+mean (16 samples find more successes on the long chains, and the kept 8 include them), held weakly. No method is
+expected to teach the seventh step: k >= 7 near chance for every arm.
+
 Not here: GraphPO (needs a tree-width calibration at this warm start for the equal budget), think modes, DASH
 drift and PivotTrace (each needs its own warm-start pathology, one build each).
 
-Usage: PYTHONPATH=src python experiments/headroom_retests.py --method distil|dash_opsd|garl --jobs 1 [--report-only]
+Usage: PYTHONPATH=src python experiments/headroom_retests.py --method distil|dash_opsd|garl|length --jobs 1
+       [--report-only]
 """
 
 from __future__ import annotations
@@ -72,6 +98,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from dre import tails  # noqa: E402
 from headroom_lab import _STEP, by_difficulty  # noqa: E402
 
 GRPO_RUNS = harness.OUT / "headroom_unseen_lab"  # experiments/headroom_lab.py --recipe recipes/headroom_unseen_lab.yaml
@@ -96,6 +123,12 @@ METHODS = {  # method -> (recipe, arms)
         # added after garl_q075 had run (its k = 5-6 fell below GRPO's): GARL at q = 0, leave-one-out without std
         "rloo": ["advantage=rloo", "advantage_transforms=[]"],
         "paft_q075": ["advantage={name: paft, q: 0.75}", "advantage_transforms=[]", "loss.terms=[paft]"]}),
+    "length": ("recipes/headroom_unseen_lab.yaml", {
+        "grpo": [],
+        "qlpo": ["rollout.group_size=16", "rollout.transforms=[{name: qlpo, keep: 8, alpha: 0.3333333333333333}]"],
+        "acoer": ["reward.terms=[{name: acoer, warmup_steps: 20, window: 10, ema_span: 5, alpha_up: 1.2189944, "
+                  "alpha_down: 0.5987369, budget_init: 128, budget_min: 16}]"],
+        "dre": ["rollout.transforms=[{name: dre, tau_abs: 4, tau_rel: 0.1, mode: replace}]"]}),
 }
 LONG = range(7, 13)  # the chains the warm start never saw
 TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards")  # where logged
@@ -110,6 +143,17 @@ def whole_traces(run: Path, step: int) -> float:
     """Share of the held-out samples at ``step`` whose trace writes all k steps before its commitment ``so``."""
     rows = harness.eval_samples(run, step)
     return statistics.fmean(len(_STEP.findall(r["text"].split("so ", 1)[0])) == r["difficulty"] for r in rows)
+
+
+def length_cells(run: Path, step: int) -> dict[str, float]:
+    """Held-out lengths at ``step``: all samples, correct ones, the post-answer tail of correct answers (as
+    ``experiments/dre.py`` reads it) and the share cut off at the completion cap."""
+    recs = harness.eval_samples(run, step)
+    correct = [r["length"] for r in recs if r["correct"]]
+    return {"length": statistics.fmean(r["length"] for r in recs),
+            "length correct": statistics.fmean(correct) if correct else float("nan"),
+            "tail correct": tails(recs)["tail"],
+            "capped": statistics.fmean(r["finish_reason"] == "length" for r in recs)}
 
 
 def main() -> None:
@@ -136,6 +180,8 @@ def main() -> None:
            for k in ("mean_at_k", "pass_at_k", "maj_at_k", "greedy_acc", "len_mean")},
         "mean@8 k>=7": harness.agg([long_mean(d, "before") for d in start]),
         "whole traces": harness.agg([whole_traces(d, 0) for d in start])}}
+    lengths = {"warm start (step 0)": {k: harness.agg([length_cells(d, 0)[k] for d in start])
+                                       for k in ("length", "length correct", "tail correct", "capped")}}
     training: dict[str, dict[str, str]] = {}
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "maj_at_k", "greedy_acc", "len_mean"))
@@ -146,6 +192,9 @@ def main() -> None:
         cells["wall_s"] = harness.agg([harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs])
         cells.update(harness.cost_cells(dirs))
         rows[arm] = cells
+        per_run = [length_cells(d, last) for d in dirs]
+        lengths[arm] = {k: harness.agg([c[k] for c in per_run]) for k in per_run[0]}
+        lengths[arm]["generated tokens"] = harness.agg([harness.tail_mean(d, "perf/gen_tokens_total", 1) for d in dirs])
         for key in (k for k in TRAINING if any(k in r for r in harness.metrics(dirs[0]))):
             training.setdefault(arm, {})[key] = harness.fmt(harness.agg([harness.head_mean(d, key) for d in dirs])) \
                 + " → " + harness.fmt(harness.agg([harness.tail_mean(d, key) for d in dirs]))
@@ -156,6 +205,12 @@ def main() -> None:
              "and pass@8 at T = 1, greedy. Warm start: " + harness.fmt(harness.warm_start_eval(runs)) + " mean@8, "
              + harness.fmt(harness.warm_start_eval(runs, "eval/pass_at_k")) + " pass@8. Cells: mean ± std [min, max] "
              "over seeds.\n\n", harness.table(rows, cols),
+             "\nHeld-out lengths after training (tokens; `tail correct`: after the commitment, correct answers; "
+             "`capped`: share cut off at the cap):\n\n",
+             harness.table(lengths, ["length", "length correct", "tail correct", "capped", "generated tokens"], 2),
+             "\nMean@8 per seed after training: " + "; ".join(
+                 f"{arm} " + ", ".join(f"{harness.summary(d)['after']['eval/mean_at_k']:.3f}" for d in dirs)
+                 for arm, dirs in runs.items()) + "\n",
              "\nMean@8 along training:\n\n", harness.eval_curve(runs),
              "\npass@8 along training:\n\n", harness.eval_curve(runs, "eval/pass_at_k")]
     lines += ["\nTraining metrics, first 10 steps → last 20:\n\n"] if training else []
