@@ -1,5 +1,5 @@
 """Re-tests on the headroom lab's third setting (issue 30) against the setting's own GRPO runs: DistIL, OPSD /
-DASH-OPSD, GARL / PAFT and the three length methods (QLPO, ACOER, DRE).
+DASH-OPSD, GARL / PAFT, the three length methods (QLPO, ACOER, DRE), HDR and LamPO.
 
 Written before any run of these arms (2026-12-05). Setting: ``recipes/headroom_unseen_lab.yaml`` (chains of 2-12
 additions mod 10; the warm start imitates a wrap slip and was taught chains of 2-6 only), its RL budget unchanged
@@ -83,10 +83,33 @@ drops); loops are long-incorrect, the quadrant it keeps, so no fewer loops than 
 mean (16 samples find more successes on the long chains, and the kept 8 include them), held weakly. No method is
 expected to teach the seventh step: k >= 7 near chance for every arm.
 
+``--method replay`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, grpo24, fifo, hdr; written 2026-12-05 before
+any run of these arms). Claim (arXiv:2609.03941): Headroom-Drift Replay reaches the quality of a larger fresh
+batch at lower generation cost. On the first lab (150 steps) HDR 0.885 against grpo24 0.898 and grpo16 0.872,
+with naive replay as good as HDR. The case for replay is stronger here: a success on a long chain is rare, and a
+stored group holding one has headroom, so replaying it trains on it again. Arms, with the first lab's knobs and
+nothing re-tuned: ``grpo24`` 24 fresh prompts per step (1.5x the generation); ``fifo`` 16 fresh groups plus up to 8
+stored ones, first in first out (capacity 64); ``hdr`` 16 fresh plus up to 8 stored, ranked by headroom and
+admitted only at drift <= tau = 1e-3 (the first lab's pre-registered sweep; not re-swept). 80 steps each.
+Expectations: (1) grpo24's mean@8 at or above GRPO's mean, not clear at 3 seeds given GRPO's spread; (2) HDR's
+mean@8 within grpo24's seed range at 2/3 of its generated tokens (the claim), held moderately; (3) HDR = fifo
+within noise, as on the first lab; a gain of HDR over fifo is the selection's own and is called only if the seed
+ranges are disjoint; (4) k >= 7 near chance in every arm: replaying a lucky guess teaches no seventh step.
+
+``--method lampo`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, rloo, lampo_b5; written 2026-12-05 before any
+run of these arms). Claim (arXiv:2605.21235, withdrawn): the pairwise decomposed advantage with confidence
+weights beats GRPO. On the first lab (graded reward, 200 steps) no accuracy gain; it reached 0.80 one eval sooner
+and had the lowest spread. Here the reward stays the setting's binary correctness (the first lab's graded
+``step_credit`` would reward the seventh step's running value, a different task), so a pair counts only where
+one sample is right and the other wrong, and its weight grows when the wrong one had the higher length-normalised
+log-prob. Arms: ``lampo_b5`` (beta 5, score mean, as ``recipes/lampo_lab.yaml``) and ``rloo`` (beta = 0 is
+leave-one-out without std, the control). Expectations: lampo_b5's mean@8 within GRPO's and RLOO's seed ranges
+(no gain, as on the first lab), with a smaller spread over seeds than GRPO's, held weakly; k >= 7 at chance.
+
 Not here: GraphPO (needs a tree-width calibration at this warm start for the equal budget), think modes, DASH
 drift and PivotTrace (each needs its own warm-start pathology, one build each).
 
-Usage: PYTHONPATH=src python experiments/headroom_retests.py --method distil|dash_opsd|garl|length --jobs 1
+Usage: PYTHONPATH=src python experiments/headroom_retests.py --method distil|dash_opsd|garl|length|replay|lampo --jobs 1
        [--report-only]
 """
 
@@ -129,9 +152,19 @@ METHODS = {  # method -> (recipe, arms)
         "acoer": ["reward.terms=[{name: acoer, warmup_steps: 20, window: 10, ema_span: 5, alpha_up: 1.2189944, "
                   "alpha_down: 0.5987369, budget_init: 128, budget_min: 16}]"],
         "dre": ["rollout.transforms=[{name: dre, tau_abs: 4, tau_rel: 0.1, mode: replace}]"]}),
+    "replay": ("recipes/headroom_unseen_lab.yaml", {
+        "grpo": [],
+        "grpo24": ["rollout.prompts_per_step=24"],
+        "fifo": ["replay={name: fifo, capacity: 64, replay_groups: 8}"],
+        "hdr": ["replay={name: hdr, capacity: 64, replay_groups: 8, tau: 0.001}"]}),
+    "lampo": ("recipes/headroom_unseen_lab.yaml", {
+        "grpo": [],
+        "rloo": ["advantage=rloo"],
+        "lampo_b5": ["advantage={name: lampo, beta: 5.0, score: mean}"]}),
 }
 LONG = range(7, 13)  # the chains the warm start never saw
-TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards")  # where logged
+TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards",  # where logged
+            "replay/groups", "replay/accept_rate")
 
 
 def long_mean(run: Path, when: str = "after") -> float:
