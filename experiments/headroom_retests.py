@@ -1,5 +1,5 @@
 """Re-tests on the headroom lab's third setting (issue 30) against the setting's own GRPO runs: DistIL, OPSD /
-DASH-OPSD, GARL / PAFT, the three length methods (QLPO, ACOER, DRE), HDR and LamPO.
+DASH-OPSD, GARL / PAFT, the three length methods (QLPO, ACOER, DRE), HDR, LamPO and RLCSD.
 
 Written before any run of these arms (2026-12-05). Setting: ``recipes/headroom_unseen_lab.yaml`` (chains of 2-12
 additions mod 10; the warm start imitates a wrap slip and was taught chains of 2-6 only), its RL budget unchanged
@@ -106,11 +106,24 @@ log-prob. Arms: ``lampo_b5`` (beta 5, score mean, as ``recipes/lampo_lab.yaml``)
 leave-one-out without std, the control). Expectations: lampo_b5's mean@8 within GRPO's and RLOO's seed ranges
 (no gain, as on the first lab), with a smaller spread over seeds than GRPO's, held weakly; k >= 7 at chance.
 
+``--method rlcsd`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, rlcsd; written 2026-12-05 before any run of
+the arm). Claim (arXiv:2606.11709): contrastive on-policy self-distillation keeps length stable where one-sided
+self-distillation drifts, at accuracy >= GRPO's. The arm: ``recipes/rlcsd_lab.yaml``'s transform and credit (a
+correct sibling's solution as the hint in ``<ref>`` tags, the context the warm start saw on 30% of its SFT
+examples; the official constants) with the official default ``drop_uncontrasted: true``, which the first lab's
+runs did not use (they kept such rows as GRPO rows): rows without a contrast leave the update. Besides uniform
+groups (zero advantage anyway), that drops the lone success of a group, the typical success on a long chain, a
+lucky guess. Expectations: (1) mean@8 at or above GRPO's mean, held weakly: on k <= 6 a correct sibling writes
+the sums without the slip and wrong ones slip, so the contrast points at the slip; on k >= 7 a correct sibling is
+as broken as the wrong ones, and the lone-success rows that carry GRPO's noise there are dropped; (2) k >= 7 at
+chance; (3) length within GRPO's seed range (no style drift is built into this setting, so the length claim has
+nothing to show); (4) a step costs one extra teacher-forced pass of the policy (the hinted contexts).
+
 Not here: GraphPO (needs a tree-width calibration at this warm start for the equal budget), think modes, DASH
 drift and PivotTrace (each needs its own warm-start pathology, one build each).
 
-Usage: PYTHONPATH=src python experiments/headroom_retests.py --method distil|dash_opsd|garl|length|replay|lampo --jobs 1
-       [--report-only]
+Usage: PYTHONPATH=src python experiments/headroom_retests.py --method distil|dash_opsd|garl|length|replay|lampo|rlcsd
+       --jobs 1 [--report-only]
 """
 
 from __future__ import annotations
@@ -161,6 +174,10 @@ METHODS = {  # method -> (recipe, arms)
         "grpo": [],
         "rloo": ["advantage=rloo"],
         "lampo_b5": ["advantage={name: lampo, beta: 5.0, score: mean}"]}),
+    "rlcsd": ("recipes/headroom_unseen_lab.yaml", {
+        "grpo": [],
+        "rlcsd": ['rollout.transforms=[{name: rlcsd, context: "{prompt}\\n<ref>{hint}</ref>", positive: self_rollout, '
+                  'k_max: 4}]', "credit=[{name: rlcsd, tau: 0.02, beta: 1.0, lam: 0.5, delta: 0.02, eta: 1.0}]"]}),
 }
 LONG = range(7, 13)  # the chains the warm start never saw
 TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards",  # where logged
