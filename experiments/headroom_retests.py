@@ -83,6 +83,13 @@ drops); loops are long-incorrect, the quadrant it keeps, so no fewer loops than 
 mean (16 samples find more successes on the long chains, and the kept 8 include them), held weakly. No method is
 expected to teach the seventh step: k >= 7 near chance for every arm.
 
+Seeds 3-5 for all four arms of ``--method length`` (added 2026-12-05 after seeds 0-2, before these runs). On seeds
+0-2 every method ended above GRPO in every seed (mean@8 qlpo 0.339, acoer 0.352, dre 0.390 against GRPO's 0.246,
+whose seed 2 fell below its warm start), against expectations (1)-(3), which put them within GRPO's range. A
+method's gain is read as holding only if its six-seed mean@8 is above GRPO's and its paired difference (same
+seed) is positive in at least five of the six seeds; the tail and length readings are redone on six seeds too.
+``--seeds 3 4 5 --arms grpo qlpo acoer dre``; every seed is reported.
+
 ``--method replay`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, grpo24, fifo, hdr; written 2026-12-05 before
 any run of these arms). Claim (arXiv:2609.03941): Headroom-Drift Replay reaches the quality of a larger fresh
 batch at lower generation cost. On the first lab (150 steps) HDR 0.885 against grpo24 0.898 and grpo16 0.872,
