@@ -103,6 +103,12 @@ mean@8 within grpo24's seed range at 2/3 of its generated tokens (the claim), he
 within noise, as on the first lab; a gain of HDR over fifo is the selection's own and is called only if the seed
 ranges are disjoint; (4) k >= 7 near chance in every arm: replaying a lucky guess teaches no seventh step.
 
+Seeds 3-5 for grpo24, fifo and hdr (added 2026-12-05 after seeds 0-2, before these runs; grpo's seeds 3-5 are
+``--method length``'s, the same config). On seeds 0-2 fifo ended highest (0.438, range disjoint from grpo24's),
+HDR between (0.348), grpo24 0.294, GRPO 0.246. A difference between two arms is read as holding only if its
+six-seed mean keeps its sign and the paired difference (same seed) has that sign in at least five of six seeds.
+``--seeds 3 4 5 --arms grpo24 fifo hdr``; every seed is reported.
+
 ``--method lampo`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, rloo, lampo_b5; written 2026-12-05 before any
 run of these arms). Claim (arXiv:2605.21235, withdrawn): the pairwise decomposed advantage with confidence
 weights beats GRPO. On the first lab (graded reward, 200 steps) no accuracy gain; it reached 0.80 one eval sooner
