@@ -90,6 +90,19 @@ method's gain is read as holding only if its six-seed mean@8 is above GRPO's and
 seed) is positive in at least five of the six seeds; the tail and length readings are redone on six seeds too.
 ``--seeds 3 4 5 --arms grpo qlpo acoer dre``; every seed is reported.
 
+``length_penalty`` (added to ``--method length`` 2026-12-05 after the six-seed runs, before its own): ACOER's second
+claim, that a length penalty on every answer collapses where ACOER does not. The arm is
+``recipes/length_penalty_lab.yaml``'s reward carried over: r = c - 0.2 * len / 128 on every answer (kappa 0.2 keeps
+every correct answer above every wrong one). On the first lab it could not collapse until a short wrong answer was
+reachable (``task.p_early_exit``); here one is: a trace that skips steps and commits early (DistIL's answers fell
+to 24.5 tokens that way on this setting). Half of a batch is k >= 7, mostly all-wrong groups, where std
+normalisation turns length differences alone into full-size advantages. The collapse signature, fixed here: at step
+80 fewer than half of the warm start's share of held-out traces write all k steps (``whole traces`` < 0.23,
+warm start 0.457), or held-out mean@8 below the warm start's. By it GRPO collapsed in 1 of 6 seeds (seed 2: whole
+traces 0.076) and ACOER in 0 of 6. Expectation: the penalty arm collapses in at least 2 of 3 seeds (seeds 0-2),
+with its length below GRPO's; held moderately (the penalty is small, 0.2 over 128 tokens, and 80 steps are few).
+``--arms length_penalty``.
+
 ``--method replay`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, grpo24, fifo, hdr; written 2026-12-05 before
 any run of these arms). Claim (arXiv:2609.03941): Headroom-Drift Replay reaches the quality of a larger fresh
 batch at lower generation cost. On the first lab (150 steps) HDR 0.885 against grpo24 0.898 and grpo16 0.872,
@@ -177,7 +190,8 @@ METHODS = {  # method -> (recipe, arms)
         "qlpo": ["rollout.group_size=16", "rollout.transforms=[{name: qlpo, keep: 8, alpha: 0.3333333333333333}]"],
         "acoer": ["reward.terms=[{name: acoer, warmup_steps: 20, window: 10, ema_span: 5, alpha_up: 1.2189944, "
                   "alpha_down: 0.5987369, budget_init: 128, budget_min: 16}]"],
-        "dre": ["rollout.transforms=[{name: dre, tau_abs: 4, tau_rel: 0.1, mode: replace}]"]}),
+        "dre": ["rollout.transforms=[{name: dre, tau_abs: 4, tau_rel: 0.1, mode: replace}]"],
+        "length_penalty": ["reward.terms=[{name: length_penalty, coef: 0.2, max_length: 128}]"]}),
     "replay": ("recipes/headroom_unseen_lab.yaml", {
         "grpo": [],
         "grpo24": ["rollout.prompts_per_step=24"],
