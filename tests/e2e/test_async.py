@@ -1,10 +1,12 @@
-"""Asynchronous rollouts (``rollout.max_async_level`` K, ``loop/lag.py``): K = 0 is the synchronous loop bit
-for bit, step t is sampled by version max(0, t − K) with that version's behaviour log-probs, a resumed run
-reproduces an uninterrupted one, and a failing or hung background update stops the run in one line."""
+"""Asynchronous rollouts (``rollout.max_async_level`` K, ``loop/lag.py``): K = 0 is the synchronous loop (bit
+for bit on the golden's machine, within ``ACROSS_MACHINES`` on another), step t is sampled by version
+max(0, t − K) with that version's behaviour log-probs, a resumed run reproduces an uninterrupted one, and a failing
+or hung background update stops the run in one line."""
 
 import copy
 import dataclasses
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +21,9 @@ from groupwise.loop.setup import build
 from groupwise.loop.trainer import lagged_step, prepare, train
 from groupwise.registry import ConfigError
 from groupwise.update import Learner
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+from same_steps import ACROSS_MACHINES, compare  # noqa: E402
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "grpo_lab.yaml")
 ARGS = ["trainer.steps=3", "trainer.save_every=0", "trainer.threads=1", "trainer.progress=false",
@@ -47,13 +52,13 @@ def run(tmp_path, cache, monkeypatch, *extra, resume=False) -> list[dict]:
     return rows(tmp_path / "g")
 
 
-def test_k0_is_the_synchronous_loop_bit_for_bit(tmp_path, cache, monkeypatch):
+def test_k0_is_the_synchronous_loop(tmp_path, cache, monkeypatch):
     got = run(tmp_path, cache, monkeypatch, "rollout.max_async_level=0")
     assert [{k: r[k] for k in STALENESS} for r in got] == [dict.fromkeys(STALENESS, 0.0)] * 3
     gold = json.loads(GOLDEN.read_text())
     later = {k for r in got for k in r} - {k for g in gold for k in g} - set(STALENESS)
     assert later == {"sync/failures", "sync/probe_dlogp"}  # metrics added after the golden (verified weight sync)
-    assert [{k: r[k] for k in g} for r, g in zip(got, gold)] == gold and len(got) == len(gold)
+    assert compare(gold, got, strict=False, tol=ACROSS_MACHINES) == []
 
 
 @pytest.mark.parametrize(("k", "expected"), [(1, [0, 1, 1, 1]), (2, [0, 1, 2, 2])])
