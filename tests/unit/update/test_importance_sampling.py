@@ -21,14 +21,17 @@ def pinned_case(tokenizer):
 
 
 @pytest.mark.parametrize("extra", [[], ["loss.importance_sampling.mode=none"]])
-def test_mode_none_is_the_update_before_importance_sampling_bit_for_bit(tiny_model, tokenizer, extra):
-    """Values recorded with the code before ``loss.importance_sampling`` existed (these samples, 2 epochs)."""
+def test_mode_none_is_the_update_before_importance_sampling(tiny_model, tokenizer, extra):
+    """Values recorded with the code before ``loss.importance_sampling`` existed (these samples, 2 epochs), bit for
+    bit on the machine that recorded them; another machine's float32 kernels differ in the last bits (the gradient
+    sum by 4e-8 relative on one seen here), hence rel 1e-6: far below what any change of the update moves."""
     samples, adv = pinned_case(tokenizer)
     over = ["optim.grad_clip=0", "optim.ppo_epochs=2", *extra]
     g, m = grads_after_step(tiny_model, tokenizer, samples, adv, over)
-    assert m["loss/total"].hex() == "-0x1.9982dd0000000p-2"
-    assert m["update/grad_norm"].hex() == "0x1.1c3abf0000000p+2"
-    assert sum(float(v.double().abs().sum()) for v in g.values()).hex() == "0x1.979f2c5b923dcp+9"
+    recorded = {"loss/total": "-0x1.9982dd0000000p-2", "update/grad_norm": "0x1.1c3abf0000000p+2"}
+    assert {k: m[k] for k in recorded} == pytest.approx({k: float.fromhex(v) for k, v in recorded.items()}, rel=1e-6)
+    grad_sum = sum(float(v.double().abs().sum()) for v in g.values())
+    assert grad_sum == pytest.approx(float.fromhex("0x1.979f2c5b923dcp+9"), rel=1e-6)
 
 
 def trainer_logprobs(model, samples, tokenizer):
