@@ -1,7 +1,7 @@
-"""Asynchronous rollouts (``rollout.max_async_level`` K, ``loop/lag.py``): K = 0 is the synchronous loop (bit
-for bit on the golden's machine, within ``ACROSS_MACHINES`` on another), step t is sampled by version
-max(0, t − K) with that version's behaviour log-probs, a resumed run reproduces an uninterrupted one, and a failing
-or hung background update stops the run in one line."""
+"""Asynchronous rollouts (``rollout.max_async_level`` K, ``loop/lag.py``): K = 0 is the synchronous loop (against
+its metrics from before K existed, within ``ACROSS_MACHINES``: they were written on another machine), step t is
+sampled by version max(0, t − K) with that version's behaviour log-probs, a resumed run reproduces an
+uninterrupted one, and a failing or hung background update stops the run in one line."""
 
 import copy
 import dataclasses
