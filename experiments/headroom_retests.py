@@ -208,7 +208,8 @@ METHODS = {  # method -> (recipe, arms)
 }
 LONG = range(7, 13)  # the chains the warm start never saw
 TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards",  # where logged
-            "replay/groups", "replay/accept_rate")
+            "replay/groups", "replay/accept_rate", "rollout/rlcsd_targets", "rollout/rlcsd_teacher_rows",
+            "adv/zero_std_group_frac")
 
 
 def long_mean(run: Path, when: str = "after") -> float:
@@ -231,6 +232,24 @@ def length_cells(run: Path, step: int) -> dict[str, float]:
             "length correct": statistics.fmean(correct) if correct else float("nan"),
             "tail correct": tails(recs)["tail"],
             "capped": statistics.fmean(r["finish_reason"] == "length" for r in recs)}
+
+
+def final(run: Path, step: int) -> dict[str, float]:
+    """One run's readings at ``step`` that the report pairs by seed: mean@8, whole traces, the length cells, and
+    whether it shows the collapse signature (whole traces below half its own warm start's, or mean@8 below it)."""
+    s = harness.summary(run)
+    out = {"mean@8": harness.eval_at(run, step), "whole traces": whole_traces(run, step), **length_cells(run, step)}
+    out["collapsed"] = float(out["whole traces"] < whole_traces(run, 0) / 2
+                             or s["after"]["eval/mean_at_k"] < s["before"]["eval/mean_at_k"])
+    return out
+
+
+def paired(finals: dict[str, dict[int, dict[str, float]]], key: str, a: str, b: str, digits: int = 3) -> str:
+    """``a`` − ``b`` in ``key`` seed by seed (the seeds both arms ran), and in how many ``a`` is above."""
+    seeds = sorted(finals[a].keys() & finals[b].keys())
+    d = [finals[a][s][key] - finals[b][s][key] for s in seeds]
+    return (f"- {a} − {b} `{key}`: " + ", ".join(f"{x:+.{digits}f}" for x in d)
+            + f" (above in {sum(x > 0 for x in d)}/{len(d)}, below in {sum(x < 0 for x in d)}/{len(d)})\n")
 
 
 def main() -> None:
@@ -260,17 +279,20 @@ def main() -> None:
     lengths = {"warm start (step 0)": {k: harness.agg([length_cells(d, 0)[k] for d in start])
                                        for k in ("length", "length correct", "tail correct", "capped")}}
     training: dict[str, dict[str, str]] = {}
+    finals: dict[str, dict[int, dict[str, float]]] = {}  # arm -> seed -> final readings
     for arm, dirs in runs.items():
         cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "maj_at_k", "greedy_acc", "len_mean"))
         cells["mean@8 k>=7"] = harness.agg([long_mean(d) for d in dirs])
         last = max(r["step"] for r in harness.metrics(dirs[0]))
-        cells["whole traces"] = harness.agg([whole_traces(d, last) for d in dirs])
+        finals[arm] = {int(d.name.rsplit("-s", 1)[1]): final(d, last) for d in dirs}
+        per_run = list(finals[arm].values())
+        cells["whole traces"] = harness.agg([f["whole traces"] for f in per_run])
         cells["entropy(tail20)"] = harness.agg([harness.tail_mean(d, "policy/entropy") for d in dirs])
         cells["wall_s"] = harness.agg([harness.summary(d)["last"]["perf/wall_s_total"] for d in dirs])
         cells.update(harness.cost_cells(dirs))
         rows[arm] = cells
-        per_run = [length_cells(d, last) for d in dirs]
-        lengths[arm] = {k: harness.agg([c[k] for c in per_run]) for k in per_run[0]}
+        lengths[arm] = {k: harness.agg([f[k] for f in per_run])
+                        for k in ("length", "length correct", "tail correct", "capped")}
         lengths[arm]["generated tokens"] = harness.agg([harness.tail_mean(d, "perf/gen_tokens_total", 1) for d in dirs])
         for key in (k for k in TRAINING if any(k in r for r in harness.metrics(dirs[0]))):
             training.setdefault(arm, {})[key] = harness.fmt(harness.agg([harness.head_mean(d, key) for d in dirs])) \
@@ -286,8 +308,16 @@ def main() -> None:
              "`capped`: share cut off at the cap):\n\n",
              harness.table(lengths, ["length", "length correct", "tail correct", "capped", "generated tokens"], 2),
              "\nMean@8 per seed after training: " + "; ".join(
-                 f"{arm} " + ", ".join(f"{harness.summary(d)['after']['eval/mean_at_k']:.3f}" for d in dirs)
-                 for arm, dirs in runs.items()) + "\n",
+                 f"{arm} " + ", ".join(f"{f['mean@8']:.3f}" for _, f in sorted(per_seed.items()))
+                 for arm, per_seed in finals.items()) + "\n",
+             "\nPaired by seed (the same warm start and first prompts), mean@8 for every pair of arms, lengths "
+             "against grpo:\n\n",
+             *[paired(finals, "mean@8", a, b) for i, b in enumerate(finals) for a in list(finals)[i + 1:]],
+             *[paired(finals, k, a, "grpo", 2) for a in finals if a != "grpo"
+               for k in ("length correct", "tail correct")],
+             "\nCollapse signature at the end (whole traces below half the run's warm start's, or mean@8 below "
+             "it): " + ", ".join(f"{arm} {sum(f['collapsed'] for f in per_seed.values()):.0f}/{len(per_seed)}"
+                                for arm, per_seed in finals.items()) + "\n",
              "\nMean@8 along training:\n\n", harness.eval_curve(runs),
              "\npass@8 along training:\n\n", harness.eval_curve(runs, "eval/pass_at_k")]
     lines += ["\nTraining metrics, first 10 steps → last 20:\n\n"] if training else []
