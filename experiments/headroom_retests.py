@@ -122,6 +122,16 @@ HDR between (0.348), grpo24 0.294, GRPO 0.246. A difference between two arms is 
 six-seed mean keeps its sign and the paired difference (same seed) has that sign in at least five of six seeds.
 ``--seeds 3 4 5 --arms grpo24 fifo hdr``; every seed is reported.
 
+``fifo_all`` (added to ``--method replay`` 2026-12-05 after the six-seed runs, before its own; seeds 0-5): a test of
+the reading given for fifo's gain (0.444 +- 0.025 against grpo24's 0.341): fifo stores only mixed-reward groups,
+so all 8 replayed groups carry a signal, where about half of the fresh groups carry none (zero-variance share
+0.49 -> 0.51). The arm is fifo with ``ingress: all``: every fresh group is stored, so the 8 most recent are the
+previous step's last 8, about half of them uniform (zero advantage, loss tokens only). Per step it trains about 12
+groups with a signal out of 24 (grpo24: about 12 of 24, all fresh; fifo: about 16 of 24). Expectation, held
+weakly: fifo_all's mean@8 falls between grpo24's and fifo's, and fifo − fifo_all is positive in at least five of
+six seeds (the reading holds). If fifo − fifo_all is positive in three or fewer seeds, the reading is refuted: the
+gain comes from training the recent groups again, not from choosing which ones. ``--arms fifo_all``.
+
 ``--method lampo`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, rloo, lampo_b5; written 2026-12-05 before any
 run of these arms). Claim (arXiv:2605.21235, withdrawn): the pairwise decomposed advantage with confidence
 weights beats GRPO. On the first lab (graded reward, 200 steps) no accuracy gain; it reached 0.80 one eval sooner
@@ -196,6 +206,7 @@ METHODS = {  # method -> (recipe, arms)
         "grpo": [],
         "grpo24": ["rollout.prompts_per_step=24"],
         "fifo": ["replay={name: fifo, capacity: 64, replay_groups: 8}"],
+        "fifo_all": ["replay={name: fifo, capacity: 64, replay_groups: 8, ingress: all}"],  # added after fifo had run
         "hdr": ["replay={name: hdr, capacity: 64, replay_groups: 8, tau: 0.001}"]}),
     "lampo": ("recipes/headroom_unseen_lab.yaml", {
         "grpo": [],
@@ -208,8 +219,8 @@ METHODS = {  # method -> (recipe, arms)
 }
 LONG = range(7, 13)  # the chains the warm start never saw
 TRAINING = ("loss/opsd_div", "loss/dash_gate_mean", "loss/dash_weight_mean", "teacher/forwards",  # where logged
-            "replay/groups", "replay/accept_rate", "rollout/rlcsd_targets", "rollout/rlcsd_teacher_rows",
-            "adv/zero_std_group_frac")
+            "replay/groups", "replay/accept_rate", "replay/token_share", "rollout/rlcsd_targets",
+            "rollout/rlcsd_teacher_rows", "adv/zero_std_group_frac")
 
 
 def long_mean(run: Path, when: str = "after") -> float:

@@ -8,7 +8,8 @@ Store (shared by every buffer here and by ``hdr``):
   ingress   a fresh group enters only if its outcomes are mixed: ``mixed_reward`` = rewards not all equal
             (the HDR paper's rule, arXiv:2609.03941 Phase A), ``mixed_correct`` = the answer-correctness bit
             not all equal (the paper's answer-based indicator for multi-component rewards, where a format or
-            length term makes almost every group "mixed").
+            length term makes almost every group "mixed"), ``all`` = every group (a design choice, not the
+            paper's: the control that tells replay's reuse apart from its selection of groups with a signal).
   storage   a copy of the group (tensors cloned) with the step that produced it, the sequence advantages
             its samples were trained on in that step (after advantage transforms; the buffer's own record)
             and their generator log-probs (``rollout_logprobs`` = log π_gen at the sampling temperature).
@@ -51,8 +52,8 @@ class StoreConfig:
     """K_rep = round(ratio × fresh groups of the last step) if ``replay_groups`` is unset (default 0.5)."""
     max_age: int = 0
     """Drop groups older than this many steps before sampling (0: no age limit, FIFO eviction only)."""
-    ingress: Literal["mixed_reward", "mixed_correct"] = "mixed_reward"
-    """Which fresh groups enter: ``mixed_reward`` (rewards not all equal) or ``mixed_correct``."""
+    ingress: Literal["mixed_reward", "mixed_correct", "all"] = "mixed_reward"
+    """Which fresh groups enter: ``mixed_reward`` (rewards not all equal), ``mixed_correct`` or ``all``."""
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -65,12 +66,14 @@ class StoreConfig:
             raise ValueError(f"replay_ratio={self.replay_ratio}: must be >= 0")
         if self.max_age < 0:
             raise ValueError(f"max_age={self.max_age}: must be >= 0 (0 means no limit)")
-        if self.ingress not in ("mixed_reward", "mixed_correct"):
-            raise ValueError(f"ingress={self.ingress!r}: allowed mixed_reward, mixed_correct")
+        if self.ingress not in ("mixed_reward", "mixed_correct", "all"):
+            raise ValueError(f"ingress={self.ingress!r}: allowed mixed_reward, mixed_correct, all")
 
 
-def mixed(group: Group, ingress: str) -> bool:
-    """Ingress test: the group's outcomes are not all equal (it carries a learning signal)."""
+def admitted(group: Group, ingress: str) -> bool:
+    """Ingress test: the group's outcomes are not all equal (it carries a learning signal); any group with ``all``."""
+    if ingress == "all":
+        return True
     values = [s.reward if ingress == "mixed_reward" else s.correct for s in group.samples]
     return len(values) > 1 and max(values) != min(values)
 
@@ -144,7 +147,7 @@ class GroupStore:
         self.last_fresh = len(groups)
         new = []
         for i, g in enumerate(groups):
-            if not mixed(g, self.cfg.ingress):
+            if not admitted(g, self.cfg.ingress):
                 continue
             stored = dataclasses.replace(g, samples=[_stored_sample(s) for s in g.samples], replayed=False,
                                          meta=dict(g.meta))

@@ -69,6 +69,18 @@ def test_ingress_and_copies():
     assert buf.store.entries[0].group.samples[0].old_logprobs is None  # replaying does not touch the store
 
 
+def test_ingress_all_stores_every_group_in_order():
+    buf = fifo(replay_groups=2, ingress="all")
+    flat = group([sample([-1.0], 0.0, reward=0.0), sample([-1.0], 0.0, reward=0.0)], pid="flat")
+    add(buf, [mixed_group("m"), flat], 0)
+    assert [e.group.problem.id for e in buf.store.entries] == ["m", "flat"]
+    assert buf.metrics()["replay/ingress_frac"] == 1.0
+    (first, last) = buf.sample(1, Ctx())  # the most recent first: the uniform group, with its zero advantages
+    assert ids([first.group, last.group]) == ["flat", "m"] and first.advantages.tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="ingress='every': allowed mixed_reward, mixed_correct, all"):
+        StoreConfig(ingress="every")
+
+
 def test_no_model_call_unless_a_token_lacks_a_generator_logprob():
     buf = fifo(replay_groups=2)
     edited = tag([group([sample([-0.5, math.nan], 1.0), sample([-0.5, -0.5], -1.0)], pid="e")])[0]
