@@ -161,9 +161,12 @@ def write_report(out_dir: Path, lines: list[str], plots: list[Path]) -> None:
 
 
 def forwards(run: Path) -> float:
-    """Mean forward passes per step: the policy's micro-batches plus the teacher's."""
+    """Mean forward passes per step: the policy's micro-batches (the update's, and the no-grad ones the rollout
+    stage's transforms and the replay buffer run; runs before 2026-12-05 did not log the latter) plus the
+    teacher's."""
+    keys = ("update/policy_forwards", "rollout/policy_forwards", "replay/policy_forwards", "teacher/forwards")
     rows = [r for r in metrics(run) if "perf/step_s" in r]
-    return statistics.fmean(r.get("update/policy_forwards", 0.0) + r.get("teacher/forwards", 0.0) for r in rows)
+    return statistics.fmean(sum(r.get(k, 0.0) for k in keys) for r in rows)
 
 
 def eval_at(run: Path, step: int, key: str = "eval/mean_at_k") -> float:

@@ -189,6 +189,7 @@ class Learner:
         self.sharded = fsdp.is_sharded(policy)  # FSDP (models/fsdp.py): passes are collectives, grads reduce-scattered
         self._warned = False
         self.last_old: dict[int, Tensor | None] = {}  # the last step's π_old per row (``old_logprobs``)
+        self.stored_passes = 0  # micro-batch passes of ``logprobs`` so far (the loop reads them per stage)
 
     @staticmethod
     def from_config(policy: torch.nn.Module, cfg: RunConfig, pad_id: int, terms: list[BoundLoss],
@@ -244,7 +245,8 @@ class Learner:
     def logprobs(self, model: torch.nn.Module, samples: list[Sample], vocab: bool = False) -> list[Tensor]:
         """Teacher-forced log-probs of stored samples under ``model`` (no grad, eval mode), in the update's
         micro-batches (``optim.micro_batch_tokens``, each prompt once with ``optim.shared_prefix``): each
-        sample's sampled-token log-probs [T] in the order given, or with ``vocab`` its log-softmax [T, V]."""
+        sample's sampled-token log-probs [T] in the order given, or with ``vocab`` its log-softmax [T, V].
+        Each micro-batch adds 1 to ``stored_passes``."""
         was = model.training
         model.eval()
         dev = next(model.parameters()).device
@@ -254,6 +256,7 @@ class Learner:
             rows = [samples[i] for i in mb]
             packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], self.settings.pad_id, dev)
             fwd = self._forward(model, packed, rows, with_vocab=vocab)
+            self.stored_passes += 1
             lp = fwd.vocab_logprobs if vocab else fwd.logprobs
             for j, i in enumerate(mb):
                 out[i] = lp[j, :samples[i].length].cpu()

@@ -69,7 +69,7 @@ def lagged_rollout(p: Pipeline, step: int) -> Rollout:
 def rollout_stage(p: Pipeline, step: int, version: int) -> Rollout:
     """select → shards (builder + reward) → transforms → filter (refills) → reward check, sampled by policy
     ``version`` (recorded on every group)."""
-    cfg, t0 = p.cfg, time.perf_counter()
+    cfg, t0, passes = p.cfg, time.perf_counter(), p.learner.stored_passes
     draws: dict = {}  # per (stage, shard): the step's seed counters, shared with the shards (refills continue them)
     ctx = p.context(step, draws=draws)
     p.generator.reset()  # counts every token generated this step, discarded samples included
@@ -96,6 +96,7 @@ def rollout_stage(p: Pipeline, step: int, version: int) -> Rollout:
     gen = p.generator
     metrics = {**p.component_metrics(rollout=True),
                "rollout/staleness_mean": sum(stale) / len(stale), "rollout/staleness_max": float(max(stale)),
+               "rollout/policy_forwards": float(p.learner.stored_passes - passes),
                "perf/rollout_s": time.perf_counter() - t0, "perf/gen_tokens": float(gen.tokens),
                "perf/generate_s": gen.seconds, "perf/prompt_tokens": float(gen.prompt_tokens),
                "perf/gen_tokens_per_s": gen.tokens / max(gen.seconds, 1e-9), "perf/reward_s": p.reward.seconds}
@@ -111,7 +112,9 @@ def prepare(p: Pipeline, r: Rollout) -> Work:
     adv = p.advantage(batch) if r.groups else torch.zeros(0, 0)
     for transform in p.advantage_transforms:
         adv = transform(batch, adv)
+    passes = p.learner.stored_passes
     replayed = p.replay.sample(r.step, p.context(r.step, draws=r.draws))
+    r.metrics["replay/policy_forwards"] = float(p.learner.stored_passes - passes)
     tokens = TokenBatch.build(r.groups, adv, replayed)
     for credit in p.credit:
         tokens = credit(tokens)

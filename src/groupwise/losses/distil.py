@@ -35,8 +35,8 @@ reads the whole group, which a micro-batch does not hold. The black-box Monte-Ca
 only) is not built: every teacher here exposes its distribution. c_seq = β_RL = 0 with the ``distil`` loss
 alone is forward-CE distillation; c_seq = 0 and β_RL = 1 with the distil loss at weight 0 is GRPO bit for bit.
 Metrics: ``loss/distil_ce``, ``loss/distil_kl`` (ℓ_t − H(π_T)), ``rollout/distil_cost`` (mean Σ_t sg(ℓ_t)),
-``rollout/distil_policy_forwards`` (the transform's no-grad student calls, one per ``chunk`` rows, each run in the
-update's micro-batches; its teacher passes are in ``teacher/*``).
+its no-grad student passes (one call per ``chunk`` rows, each run in the update's micro-batches) in the loop's
+``rollout/policy_forwards``, its teacher passes in ``teacher/*``.
 """
 
 from __future__ import annotations
@@ -126,18 +126,17 @@ class DistILCost:
         if ctx.teacher is None:  # built only when an active loss term reads it
             raise ValueError("the 'distil' transform needs the run's teacher: add the 'distil' loss with a weight > 0")
         rows = [(s, g.problem) for g in groups for s in g.samples]
-        total, passes = 0.0, 0
+        total = 0.0
         for i in range(0, len(rows), self.cfg.chunk):
             chunk = rows[i:i + self.cfg.chunk]
             samples, problems = [s for s, _ in chunk], [p for _, p in chunk]
             lq = ctx.teacher.score(samples, problems, TeacherWant(vocab=True)).vocab_logprobs
-            passes += 1
             for k, (s, lp) in enumerate(zip(samples, ctx.policy_logprobs(samples, vocab=True))):
                 q = lq[k, :s.length].to(lp)
                 cost = local_ce(lp, q) - (teacher_entropy(q) if self.cfg.cost == "kl" else 0.0)
                 s.meta["distil_cost"] = cost * s.loss_mask
                 total += float(s.meta["distil_cost"].sum())
-        self._m = {"rollout/distil_cost": total / max(len(rows), 1), "rollout/distil_policy_forwards": float(passes)}
+        self._m = {"rollout/distil_cost": total / max(len(rows), 1)}
         return groups
 
     def metrics(self) -> dict[str, float]:
