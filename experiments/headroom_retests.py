@@ -132,6 +132,16 @@ weakly: fifo_all's mean@8 falls between grpo24's and fifo's, and fifo − fifo_a
 six seeds (the reading holds). If fifo − fifo_all is positive in three or fewer seeds, the reading is refuted: the
 gain comes from training the recent groups again, not from choosing which ones. ``--arms fifo_all``.
 
+``grpo_2ep`` (added to ``--method replay`` 2026-12-05 after fifo_all's runs, before its own; seeds 0-5). fifo_all
+came out between the two readings: 0.422 +- 0.056, above grpo24 and GRPO in 6/6 seeds, below fifo in 4/6 (so
+most of replay's gain over grpo24 does not come from storing only groups with a signal). The question left: is it
+that each sample is trained on more than once? The arm is GRPO with ``optim.ppo_epochs=2``: every step's batch
+gives two optimizer steps (the second at a ratio off 1, clipped as usual), so every sample is trained on twice,
+at once, where fifo_all trains half of them a second time one step later. Generation is GRPO's (16 x 8). Expectation,
+held weakly: grpo_2ep's mean@8 is above grpo24's in at least five of six seeds and within fifo_all's seed range
+(more optimisation per generated sample is the gain). If it is above grpo24 in three or fewer seeds, that reading
+fails, and what replay adds is its one-step delay or its mix of two steps' samples. ``--arms grpo_2ep``.
+
 ``--method lampo`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, rloo, lampo_b5; written 2026-12-05 before any
 run of these arms). Claim (arXiv:2605.21235, withdrawn): the pairwise decomposed advantage with confidence
 weights beats GRPO. On the first lab (graded reward, 200 steps) no accuracy gain; it reached 0.80 one eval sooner
@@ -207,6 +217,7 @@ METHODS = {  # method -> (recipe, arms)
         "grpo24": ["rollout.prompts_per_step=24"],
         "fifo": ["replay={name: fifo, capacity: 64, replay_groups: 8}"],
         "fifo_all": ["replay={name: fifo, capacity: 64, replay_groups: 8, ingress: all}"],  # added after fifo had run
+        "grpo_2ep": ["optim.ppo_epochs=2"],  # added after fifo_all had run
         "hdr": ["replay={name: hdr, capacity: 64, replay_groups: 8, tau: 0.001}"]}),
     "lampo": ("recipes/headroom_unseen_lab.yaml", {
         "grpo": [],
