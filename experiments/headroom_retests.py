@@ -142,6 +142,15 @@ held weakly: grpo_2ep's mean@8 is above grpo24's in at least five of six seeds a
 (more optimisation per generated sample is the gain). If it is above grpo24 in three or fewer seeds, that reading
 fails, and what replay adds is its one-step delay or its mix of two steps' samples. ``--arms grpo_2ep``.
 
+``grpo_lr2`` (added to ``--method replay`` 2026-12-05 after grpo_2ep's runs, before its own; seeds 0-5). grpo_2ep
+came out as expected: 0.420 +- 0.050, above grpo24 in 5/6 seeds, equal to fifo_all (3/6). Under Adam two
+optimizer steps per batch move the weights about twice as far as one, so the question left is whether the
+samples' reuse matters at all, or only the step size. The arm is GRPO at lr 2e-4 (one epoch, GRPO's generation).
+Expectation, held weakly: grpo_lr2 is above grpo24 in at least five of six seeds and the paired difference
+grpo_lr2 − grpo_2ep is split (four or fewer of one sign): the setting's GRPO is simply under-stepped at lr 1e-4 for
+80 steps. If grpo_lr2 is below grpo_2ep in five or six seeds (or collapses where grpo_2ep does not: the collapse
+signature above), a second pass over the same samples is worth more than a larger step. ``--arms grpo_lr2``.
+
 ``--method lampo`` (``recipes/headroom_unseen_lab.yaml``; arms grpo, rloo, lampo_b5; written 2026-12-05 before any
 run of these arms). Claim (arXiv:2605.21235, withdrawn): the pairwise decomposed advantage with confidence
 weights beats GRPO. On the first lab (graded reward, 200 steps) no accuracy gain; it reached 0.80 one eval sooner
@@ -218,6 +227,7 @@ METHODS = {  # method -> (recipe, arms)
         "fifo": ["replay={name: fifo, capacity: 64, replay_groups: 8}"],
         "fifo_all": ["replay={name: fifo, capacity: 64, replay_groups: 8, ingress: all}"],  # added after fifo had run
         "grpo_2ep": ["optim.ppo_epochs=2"],  # added after fifo_all had run
+        "grpo_lr2": ["optim.lr=2.0e-4"],  # added after grpo_2ep had run
         "hdr": ["replay={name: hdr, capacity: 64, replay_groups: 8, tau: 0.001}"]}),
     "lampo": ("recipes/headroom_unseen_lab.yaml", {
         "grpo": [],
