@@ -16,7 +16,7 @@ The levers, and the setting that turns each off (``all off`` sets all of them):
   share_prefill     rollout.generator.share_prefill=false: every row prefills its own copy of the prompt
   compaction        rollout.generator.compact_below=0: finished rows stay in the KV cache and keep decoding
   micro_batches     on = optim.micro_batch_tokens=1024 (off = the default 8192: one micro-batch at these sizes)
-  fused_decode      on = rollout.generator.decode=fused (off = the model's own forward per decode step)
+  fused_decode      rollout.generator.decode=model: the model's own forward per decode step (on = fused)
   shared_prefix     on = optim.shared_prefix=true (off, the default: each row's prompt runs in the update)
 None of them changes what is computed: the tests pin each one's samples or gradient to its off setting
 (tests/unit/rollout/test_hf.py, test_fused_decode.py, tests/unit/update/test_update.py, test_shared_prefix.py).
@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_trl  # noqa: E402
 
-# lever -> (its setting when off, its setting when on); "defaults" ships the first four on and the last two off
+# lever -> (its setting when off, its setting when on); "defaults" ships all on but micro_batches and shared_prefix
 LEVERS = {
     "skip_inert_rows": ("optim.skip_inert_rows=false", "optim.skip_inert_rows=true"),
     "share_prefill": ("rollout.generator.share_prefill=false", "rollout.generator.share_prefill=true"),

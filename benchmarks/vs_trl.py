@@ -276,7 +276,7 @@ def side_groupwise(spec: dict) -> dict:
                     "max_completion_tokens": spec["max_tokens"], "temperature": 1.0, "top_p": 1.0,
                     # benchmarks/gpu_engines.py: a colocated vLLM engine on both sides
                     "generator": {"name": "vllm", "gpu_memory_utilization": 0.3} if spec.get("vllm") else
-                    {"name": "hf", "decode": "fused" if spec.get("fused_decode") else "model"}},
+                    {"name": "hf", **({"decode": "fused"} if spec.get("fused_decode") else {})}},
         "reward": {"terms": [{"name": reward}]},
         "advantage": {"name": "grpo"},
         "loss": {"terms": [{"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}],
@@ -328,7 +328,7 @@ def side_groupwise(spec: dict) -> dict:
             zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
             rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"]))
     path = getattr(getattr(c.generator, "inner", c.generator), "decode_path", "")  # the last generate call's
-    asked = getattr(cfg.rollout.generator.cfg, "decode", "model") == "fused"
+    asked = getattr(cfg.rollout.generator.cfg, "decode", "model") != "model"  # auto (the default) or fused
     return {"steps": steps, "setup_s": setup_s, "decode_path": path if asked else "not asked",
             "resolved": {k.split("=", 1)[0]: resolved(cfg, k.split("=", 1)[0]) for k in spec.get("gw", ())}}
 
@@ -645,7 +645,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
     p.add_argument("--shared-prefix", action="store_true",
                    help="groupwise: optim.shared_prefix (each group's prompt runs once in the update)")
     p.add_argument("--fused-decode", action="store_true",
-                   help="groupwise: rollout.generator.decode=fused (Llama-family fused decode step)")
+                   help="groupwise: rollout.generator.decode=fused (the default, auto, already runs the fused "
+                   "decode where it can; fused warns where it falls back)")
     p.add_argument("--gw", action="append", metavar="KEY=VALUE",
                    help="a groupwise-only config override (repeatable), e.g. optim.skip_inert_rows=false")
     p.add_argument("--model", help="regime real: a pretrained model (a directory, a .gguf file, a hub id or "
