@@ -4,10 +4,11 @@ and DistIL call), before and after it became the learner's pass, side by side in
 
     PYTHONPATH=src python benchmarks/stored_logprobs.py                                  # the real model
     PYTHONPATH=src python benchmarks/stored_logprobs.py --recipe recipes/grpo_lab.yaml   # lab-tiny
+    PYTHONPATH=src python benchmarks/stored_logprobs.py optim.shared_prefix=false        # config overrides
 
 ``before``: one plain teacher-forced pass per 64 rows, every row with its whole prompt (the code up to commit
-3a9bfec). ``after``: ``Learner.logprobs`` under the recipe's ``optim`` (its micro-batches; each distinct prompt
-once with ``optim.shared_prefix``, which recipes/smollm2_math.yaml sets). The rows are ``--prompts`` training
+3a9bfec). ``after``: ``Learner.logprobs`` under the recipe's ``optim`` and the overrides given (its micro-batches;
+each distinct prompt once with ``optim.shared_prefix``, the default). The rows are ``--prompts`` training
 problems x ``--group`` completions each, each completion ``c = c. The final answer is \\boxed{c}.`` with c the
 reference answer: the worked examples' form and length (the pass's cost does not depend on which tokens they are).
 Rounds alternate before / after; reported: the median seconds of each, their ratio, and the largest
@@ -47,8 +48,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. optim.shared_prefix=false")
     args = ap.parse_args()
-    cfg = load(args.recipe, ["trainer.threads=1", "trainer.progress=false", "trainer.save_every=0"])
+    cfg = load(args.recipe, ["trainer.threads=1", "trainer.progress=false", "trainer.save_every=0", *args.overrides])
     pipe = build(cfg, io=False)
     tok = pipe.tokenizer
     samples = []

@@ -38,9 +38,16 @@ from groupwise.config import ImportanceSamplingConfig, OptimConfig, RunConfig
 from groupwise.losses.mismatch import mismatch
 from groupwise.losses.reduce import Normalizer, reduce
 from groupwise.models import fsdp
-from groupwise.models.forward import Forward, Packed, completion_logprobs, pack, shared_prefix_logprobs
+from groupwise.models.forward import (
+    Forward,
+    Packed,
+    completion_logprobs,
+    dropout_in_training,
+    pack,
+    shared_prefix_logprobs,
+)
 from groupwise.parallel import data_parallel
-from groupwise.registry import Entry, RunStopped
+from groupwise.registry import ConfigError, Entry, RunStopped
 from groupwise.teachers import TeacherWant
 from groupwise.types import LossInputs, LossTerms, Sample, TeacherOutput, TokenBatch
 
@@ -196,6 +203,11 @@ class Learner:
                     ref: torch.nn.Module | None = None, teacher: Any = None) -> Learner:
         """A learner for the built loss ``terms`` (``setup.loss_terms``) with ``cfg``'s optimizer and rollout
         settings."""
+        site = dropout_in_training(policy) if cfg.optim.shared_prefix else None
+        if site is not None:
+            raise ConfigError(f"optim.shared_prefix (the default) with a policy that drops out in training ({site}): "
+                              "the rows of a prompt would share one dropout mask over it, not the unshared update; "
+                              "set optim.shared_prefix=false, or turn the dropout off")
         optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.trainer.steps)
         settings = UpdateSettings(cfg.loss.reduction, cfg.optim, cfg.rollout.temperature,
                                   cfg.rollout.max_completion_tokens, pad_id, cfg.loss.importance_sampling)
@@ -411,10 +423,12 @@ class Learner:
         return True
 
     def _forward(self, model: torch.nn.Module, packed: Packed, rows: list[Sample], **kw) -> Forward:
-        """One teacher-forced pass; with ``optim.shared_prefix`` each distinct prompt runs once."""
+        """One teacher-forced pass; with ``optim.shared_prefix`` each distinct prompt runs once. A sharded
+        model's calls are collectives, so every rank must make as many: there the prompts' common prefix (a
+        third call only when a micro-batch holds several distinct prompts) is not run apart."""
         if self.settings.optim.shared_prefix:
             return shared_prefix_logprobs(model, packed, [s.prompt_ids for s in rows], self.settings.pad_id,
-                                          self.settings.temperature, **kw)
+                                          self.settings.temperature, common=not fsdp.is_sharded(model), **kw)
         return completion_logprobs(model, packed, self.settings.temperature, **kw)
 
     @torch.no_grad()

@@ -57,6 +57,45 @@ def test_the_converted_model_has_the_gguf_models_logits(converted):
     assert source["architecture"] == "llama" and "dequantised" in source["note"]
 
 
+def test_the_shared_prefix_pass_is_the_unshared_one_on_the_real_model(converted):
+    """``optim.shared_prefix`` (the default) on the real model: chat-template prompts of two lengths (left padding)
+    behind one system prompt (run once as their common prefix), two completions each; the log-probs and the
+    gradient of every weight equal the plain pass's up to float summation order (measured: 1.1e-5 in log-probs,
+    2.8e-5 of the largest gradient entry)."""
+    from torch.testing import assert_close
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from groupwise.models.forward import completion_logprobs, pack, shared_prefix_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).train()
+    tok = AutoTokenizer.from_pretrained(converted)
+    prompts, completions = [], []
+    for question, answers in (("What is 17 + 25?", ("17 + 25 = 42. The final answer is \\boxed{42}.", "42")),
+                              ("What is 3 - 9 + 14? Show each step.", ("3 - 9 = -6, -6 + 14 = 8. \\boxed{8}", "8"))):
+        text = tok.apply_chat_template([{"role": "system", "content": "Put the final answer in \\boxed{}."},
+                                        {"role": "user", "content": question}], tokenize=False,
+                                       add_generation_prompt=True)
+        ids = torch.tensor(tok(text, add_special_tokens=False).input_ids)
+        for a in answers:
+            prompts.append(ids)
+            completions.append(torch.tensor(tok(a, add_special_tokens=False).input_ids + [tok.eos_token_id]))
+    assert len({len(p) for p in prompts}) == 2
+    packed = pack(prompts, completions, tok.pad_token_id)
+    out = []
+    for shared in (False, True):
+        model.zero_grad()
+        f = (shared_prefix_logprobs(model, packed, prompts, tok.pad_token_id) if shared
+             else completion_logprobs(model, packed))
+        (f.logprobs * packed.completion_mask).sum().backward()
+        out.append(({n: p.grad.clone() for n, p in model.named_parameters()}, f.logprobs.detach()))
+    (plain, lp_plain), (shared, lp_shared) = out
+    assert_close(lp_shared, lp_plain, rtol=0, atol=1e-4)
+    scale = max(float(g.abs().max()) for g in plain.values())
+    assert scale > 1.0
+    for k in plain:  # float summation order, relative to the largest gradient entry
+        assert_close(shared[k], plain[k], rtol=0, atol=1e-4 * scale)
+
+
 # the recipe's generator task, and a user's GSM8K-format file through the jsonl task with the same prompt
 JSONL = {"name": "jsonl", "train_path": "groupwise:data/sample_math.jsonl", "test_fraction": 0.25}
 

@@ -73,14 +73,16 @@ def completion_logprobs(model: torch.nn.Module, packed: Packed, temperature: flo
 
 
 def shared_prefix_logprobs(model: torch.nn.Module, packed: Packed, prompts: list[Tensor], pad_id: int,
-                           temperature: float = 1.0, with_entropy: bool = False, with_vocab: bool = False) -> Forward:
+                           temperature: float = 1.0, with_entropy: bool = False, with_vocab: bool = False,
+                           common: bool = True) -> Forward:
     """``completion_logprobs`` with each distinct prompt computed once: its forward (and, through the cache it
     leaves, its share of the backward) runs once for all the rows that share it, instead of once per row. The
     prompts are run left-padded with a cache, the cache is expanded to one row per completion (an index, so its
     gradient is the sum over the rows), and the completions run on top of it. Equal to the unshared pass up to
-    float summation order (``tests/unit/update/test_shared_prefix.py``); ``packed`` gives the completion layout."""
+    float summation order (``tests/unit/update/test_shared_prefix.py``); ``packed`` gives the completion layout.
+    ``common``: as ``prefill``'s (the prompts' common prefix once more; False: always exactly two model calls)."""
     dev = packed.input_ids.device
-    cache, first, attn = prefill(model, prompts, pad_id, dev)
+    cache, first, attn = prefill(model, prompts, pad_id, dev, common=common)
     t = packed.completion_ids.shape[1]
     comp_attn = packed.attention_mask[:, packed.prompt_width:]
     pos = attn.sum(-1, keepdim=True) + torch.arange(t, device=dev)
@@ -89,6 +91,22 @@ def shared_prefix_logprobs(model: torch.nn.Module, packed: Packed, prompts: list
     # the prompt's last logits predict completion token 0; completion position j predicts token j+1
     logits = torch.cat([first.unsqueeze(1), rest.logits[:, :-1]], dim=1)
     return _from_logits(logits, packed, temperature, with_entropy, with_vocab)
+
+
+def dropout_in_training(model: torch.nn.Module) -> str | None:
+    """Where ``model`` drops activations out in training mode (a ``Dropout`` module with p > 0, e.g. a LoRA
+    adapter's ``lora_dropout``; or a config field ``*dropout*`` / ``*pdrop*`` > 0, e.g. a Llama's
+    ``attention_dropout`` or GPT-2's ``resid_pdrop``), or None. Under dropout ``shared_prefix_logprobs`` is not the
+    unshared pass: the rows of a prompt share one dropout mask over it."""
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Dropout) and m.p > 0:
+            return f"{name} (p={m.p})"
+    config = getattr(base_model(model), "config", None)
+    fields = config.to_dict() if hasattr(config, "to_dict") else {}
+    for key, v in fields.items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(v, float) and v > 0:
+            return f"config.{key}={v}"
+    return None
 
 
 def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,

@@ -4,6 +4,8 @@ gradients, weights and step metrics as 1 process on the whole batch, also when o
 than the other (it then runs zero-loss passes), and the checkpoint state gathered from the shards is the
 1-process run's own, in the same layout, so either can resume the other."""
 
+import dataclasses
+
 import pytest
 import support
 import torch
@@ -17,13 +19,18 @@ from groupwise.models.tiny import build_model, build_tokenizer
 OVERRIDES = ["optim.grad_clip=1.0", "optim.ppo_epochs=2", "loss.reduction=token_mean"]
 
 
-def batch(tok, zero_every):
+def batch(tok, zero_every, common=False):
     samples = make_samples(tok, n=9)
+    if common:  # groups of 3 rows behind one prompt, every prompt behind one 6-token "system prompt"
+        g = torch.Generator().manual_seed(1)
+        head = torch.randint(2, 100, (6,), generator=g)
+        prompts = [torch.cat([head, torch.randint(2, 100, (1 + k,), generator=g)]) for k in range(3)]
+        samples = [dataclasses.replace(s, prompt_ids=prompts[i // 3]) for i, s in enumerate(samples)]
     adv = [torch.full((s.length,), 0.0 if i % zero_every == 0 else float(i % 3) - 1.0) for i, s in enumerate(samples)]
     return support.rows(samples, adv)
 
 
-def train_one_step(model, tok, budget, zero_every):
+def train_one_step(model, tok, budget, zero_every, common=False):
     learner = support.learner(model, tok, [*OVERRIDES, f"optim.micro_batch_tokens={budget}"])
     grads = {}
     real = learner.optimizer.step
@@ -33,17 +40,17 @@ def train_one_step(model, tok, budget, zero_every):
         return real(*a, **k)
 
     learner.optimizer.step = capture
-    metrics = learner.step(batch(tok, zero_every))
+    metrics = learner.step(batch(tok, zero_every, common))
     weights = {n: fsdp.full(p.detach()).clone() for n, p in model.named_parameters()}
     return weights, grads, metrics, learner
 
 
-def worker(rank, world, init, out, budget, zero_every):
+def worker(rank, world, init, out, budget, zero_every, common):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     torch.set_num_threads(1)
     tok = build_tokenizer()
     model = fsdp.shard(build_model("lab-tiny", tok, seed=0))
-    weights, grads, metrics, learner = train_one_step(model, tok, budget, zero_every)
+    weights, grads, metrics, learner = train_one_step(model, tok, budget, zero_every, common)
     shard = {n: fsdp.local(p.detach()).numel() for n, p in model.named_parameters()}
     saved_weights, saved_optim = learner.full_state()
     torch.save({"weights": weights, "grads": grads, "metrics": metrics, "shard": shard, "saved": saved_weights,
@@ -51,11 +58,17 @@ def worker(rank, world, init, out, budget, zero_every):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("budget,zero_every", [(40, 3), (12, 9)], ids=["even", "uneven-micro-batches"])
-def test_two_sharded_processes_equal_one(tmp_path, budget, zero_every):
+@pytest.mark.parametrize("budget,zero_every,common", [(40, 3, False), (12, 9, False), (40, 3, True)],
+                         ids=["even", "uneven-micro-batches", "shared-prompts-with-a-common-prefix"])
+def test_two_sharded_processes_equal_one(tmp_path, budget, zero_every, common):
+    """The third case runs ``optim.shared_prefix`` (the default) on prompts that share a system prompt: one rank's
+    micro-batch holds two distinct prompts (whose common prefix an unsharded pass runs once more), the other's one
+    prompt, so the ranks' passes must not depend on that (``update.Learner._forward``)."""
     tok = build_tokenizer()
-    one_w, one_g, one_m, one_learner = train_one_step(build_model("lab-tiny", tok, seed=0), tok, budget, zero_every)
-    mp.spawn(worker, args=(2, f"file://{tmp_path}/rendezvous", str(tmp_path), budget, zero_every), nprocs=2, join=True)
+    one_w, one_g, one_m, one_learner = train_one_step(build_model("lab-tiny", tok, seed=0), tok, budget, zero_every,
+                                                      common)
+    mp.spawn(worker, args=(2, f"file://{tmp_path}/rendezvous", str(tmp_path), budget, zero_every, common), nprocs=2,
+             join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for r in ranks:
         for k in one_w:

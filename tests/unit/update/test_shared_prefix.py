@@ -64,7 +64,7 @@ def test_the_update_is_the_unshared_one(tiny_model, tokenizer, kl):
         with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient
             for p in ref.parameters():
                 p.add_(0.01 * torch.randn_like(p))
-    plain, m1 = grads_after_step(tiny_model, tokenizer, rows, adv, base, ref=ref)
+    plain, m1 = grads_after_step(tiny_model, tokenizer, rows, adv, [*base, "optim.shared_prefix=false"], ref=ref)
     shared, m2 = grads_after_step(tiny_model, tokenizer, rows, adv, [*base, "optim.shared_prefix=true"], ref=ref)
     assert m1["update/micro_batches"] >= 2
     for k in plain:
@@ -76,15 +76,9 @@ def test_the_update_is_the_unshared_one(tiny_model, tokenizer, kl):
 
 def test_a_lora_policy_and_its_base_view_share_prefixes(tokenizer):
     pytest.importorskip("peft")
-    from groupwise.config import LoraConfig
     from groupwise.models import lora
-    from groupwise.models.tiny import build_model
 
-    policy = lora.wrap(build_model("lab-tiny", tokenizer, seed=0), LoraConfig(r=4))
-    with torch.no_grad():
-        for n, p in policy.named_parameters():
-            if "lora_B" in n:
-                p.add_(0.05)
+    policy = lora_policy(tokenizer)
     rows = grouped(tokenizer, ((12, (3, 5)), (7, (4, 2))))
     packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], tokenizer.pad_token_id)
     for model in (policy, lora.BaseView(policy)):
@@ -94,6 +88,71 @@ def test_a_lora_policy_and_its_base_view_share_prefixes(tokenizer):
     base = lora.BaseView(policy)
     assert float((completion_logprobs(base, packed).logprobs - completion_logprobs(policy, packed).logprobs)
                  .abs().max()) > 1e-3, "the adapter changes the policy: the two models above differ"
+
+
+def lora_policy(tokenizer, dropout=0.0):
+    """lab-tiny under a LoRA adapter whose B is not 0, so the policy differs from its base (the KL reference)."""
+    from groupwise.config import LoraConfig
+    from groupwise.models import lora
+    from groupwise.models.tiny import build_model
+
+    policy = lora.wrap(build_model("lab-tiny", tokenizer, seed=0), LoraConfig(r=4, dropout=dropout))
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)
+    return policy
+
+
+def test_a_lora_update_with_its_kl_reference_is_the_unshared_one(tokenizer):
+    """LoRA (``models/lora.py``): the adapter's gradient and the step's metrics, with the KL reference (the policy
+    with its adapter off, ``lora.BaseView``) shared too, equal the unshared update's."""
+    pytest.importorskip("peft")
+    import support
+
+    from groupwise.models import lora
+
+    rows = grouped(tokenizer)
+    adv = [torch.full((s.length,), float(i % 4) - 1.5) for i, s in enumerate(rows)]
+    base = ["optim.grad_clip=0", "optim.micro_batch_tokens=200",
+            "loss.terms=[{name: ppo_clip}, {name: kl, weight: 0.1}]"]
+    out = {}
+    for shared in (False, True):
+        policy = lora_policy(tokenizer)
+        learner = support.learner(policy, tokenizer, [*base, f"optim.shared_prefix={shared}"],
+                                  ref=lora.BaseView(policy))
+        grads, real = {}, learner.optimizer.step
+
+        def capture(*a, grads=grads, real=real, policy=policy, **k):
+            grads.update({n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad})
+            return real(*a, **k)
+
+        learner.optimizer.step = capture
+        out[shared] = grads, learner.step(support.rows(rows, adv))
+    (plain, m1), (shared, m2) = out[False], out[True]
+    assert m1["update/micro_batches"] >= 2 and len(plain) > 0 and all("lora_" in k for k in plain)
+    for k in plain:
+        assert_close(shared[k], plain[k], rtol=1e-4, atol=1e-7)
+    for k in ("loss/total", "loss/kl", "policy/entropy"):
+        assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
+    assert m1["loss/kl"] > 1e-6, "a KL of 0 would make the reference's pass vacuous"
+    assert max(float(g.abs().max()) for g in plain.values()) > 1e-3, "a vanishing gradient would make this vacuous"
+
+
+def test_a_policy_with_dropout_refuses_the_shared_prefix(tokenizer):
+    """Under dropout the rows of a prompt would share one dropout mask over it, which the unshared update does
+    not: a one-line error at build, which names the dropout and the way out."""
+    pytest.importorskip("peft")
+    import support
+
+    from groupwise.registry import ConfigError
+
+    policy = lora_policy(tokenizer, dropout=0.1)
+    with pytest.raises(ConfigError, match=r"^optim.shared_prefix \(the default\) with a policy that drops out in "
+                                          r"training \(.*lora_dropout.* \(p=0.1\)\).*optim.shared_prefix=false"):
+        support.learner(policy, tokenizer)
+    support.learner(policy, tokenizer, ["optim.shared_prefix=false"])
+    support.learner(lora_policy(tokenizer), tokenizer)  # no dropout: accepted
 
 
 def test_planning_counts_a_prompt_once_and_keeps_its_rows_together(tokenizer):
@@ -158,7 +217,8 @@ def test_stored_sample_logprobs_use_the_update_s_pass(tiny_model, tokenizer, voc
 
 
 def test_the_stored_logprobs_benchmark_runs(monkeypatch, capsys):
-    """benchmarks/stored_logprobs.py on the lab recipe, one round of 2 x 2 rows, so it cannot rot silently."""
+    """benchmarks/stored_logprobs.py on the lab recipe, one round of 2 x 2 rows, so it cannot rot silently; with
+    ``optim.shared_prefix`` off the learner's pass is the plain one, bit for bit."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -168,7 +228,7 @@ def test_the_stored_logprobs_benchmark_runs(monkeypatch, capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.setattr(sys, "argv", ["stored_logprobs.py", "--recipe", "recipes/grpo_lab.yaml", "--rounds", "1",
-                                      "--prompts", "2", "--group", "2"])
+                                      "--prompts", "2", "--group", "2", "optim.shared_prefix=false"])
     monkeypatch.chdir(path.parents[1])
     threads = torch.get_num_threads()
     try:
