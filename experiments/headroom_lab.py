@@ -105,11 +105,12 @@ ARMS = {"grpo": []}
 KEYS = ("mean_at_k", "pass_at_k", "greedy_acc", "len_mean")
 
 
-def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -> dict[str, float]:
+def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05, context: str = "") -> dict[str, float]:
     """Per-token teacher/student divergence on the student's own samples: the teacher is the same (frozen) weights
-    shown ``PRIVILEGED_CONTEXT``; mean over completion tokens (EOS included). ``divergent_frac``: the share of
-    tokens whose forward KL exceeds 0.1 nats. ``gate_dev_*``: the spread of DASH's gate input g_t = r_t − r̄ (the
-    clipped r_t minus its row's mean, ``losses/dash_opsd.py``): its pooled std and the 10th / 90th percentiles."""
+    shown ``context`` (default ``PRIVILEGED_CONTEXT``); mean over completion tokens (EOS included).
+    ``divergent_frac``: the share of tokens whose forward KL exceeds 0.1 nats. ``gate_dev_*``: the spread of DASH's
+    gate input g_t = r_t − r̄ (the clipped r_t minus its row's mean, ``losses/dash_opsd.py``): its pooled std and
+    the 10th / 90th percentiles."""
     import torch
 
     from groupwise.models.forward import completion_logprobs, pack
@@ -129,7 +130,7 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05) -
             comps = [c.completion_ids for c in outs]
             rows = [x for x in chunk for _ in range(samples)]
             s = completion_logprobs(p.policy, pack([p.encode(x) for x in rows], comps, pad), with_vocab=True)
-            packed_t = pack([p.encode(privileged_problem(x, PRIVILEGED_CONTEXT)) for x in rows], comps, pad)
+            packed_t = pack([p.encode(privileged_problem(x, context or PRIVILEGED_CONTEXT)) for x in rows], comps, pad)
             t = completion_logprobs(p.policy, packed_t, with_vocab=True)
             lp, lq, m = s.vocab_logprobs, t.vocab_logprobs, packed_t.completion_mask
             e = lq.exp() * (lq - lp)  # forward KL entries q_v log(q_v / p_v)

@@ -5,7 +5,8 @@ of the k samples), ``pass_at_1``, ``pass_at_k``, ``maj_at_k``, ``greedy_acc``, `
 ``len_mean``, ``len_median``, ``len_p90``, ``len_correct_mean``, ``truncated_frac``, ``verifier_error_frac``
 (verifier exceptions and timeouts, which score incorrect), and per difficulty d
 ``mean_at_k/d<d>`` and ``len_mean/d<d>``. Records are one dict per sample (problem id, difficulty, greedy flag,
-text, answer, correct, length, finish reason) for method-specific diagnostics.
+text, answer, correct, length, finish reason, and the prompt form where the task has several) for
+method-specific diagnostics.
 
 ``forced_prefix`` (``eval.forced_prefix``) is prefilled after every prompt, greedy included; like a training
 prefix its tokens are part of the completion (the record's ``text`` starts with it, ``length`` counts it, and
@@ -33,6 +34,10 @@ def _correct(verify, problem: Problem, text: str) -> tuple[bool, bool]:
         return verify(problem, text), False
     except (Exception, SystemExit):  # noqa: BLE001 - counted in eval/verifier_error_frac, never fatal
         return False, True
+
+
+def _form(problem: Problem) -> dict[str, str]:
+    return {"form": problem.meta["form"]} if "form" in problem.meta else {}
 
 
 def forced_prefix_ids(tokenizer, text: str, max_tokens: int) -> tuple[int, ...]:
@@ -71,7 +76,7 @@ def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: 
                 records.append({"id": p.id, "difficulty": p.difficulty, "greedy": kind == "greedy", "text": text,
                                 "answer": task.extract_answer(text), "correct": correct, "verifier_error": error,
                                 "format": bool(task.format_ok(text)), "length": int(c.completion_ids.numel()),
-                                "finish_reason": c.finish_reason})
+                                "finish_reason": c.finish_reason, **_form(p)})
     return summarize(records, k), records
 
 

@@ -5,6 +5,7 @@ A task owns no reward logic beyond ``verify``: rewards live in ``groupwise.rewar
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
@@ -50,6 +51,44 @@ def chat_prompt(question: str, system: str = "", few_shot: FewShot = ()) -> str 
              for r, c in (("user", user), ("assistant", reply))]
     return (*([{"role": "system", "content": system}] if system else []), *shots,
             {"role": "user", "content": question})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptForm:
+    """One way of asking a task's question: a system prompt, worked examples as earlier chat turns, and a template
+    for the question's own text (``{question}``: the dataset's question). ``train: false`` keeps the form out of
+    training (a held-out form: a gain there is not a gain from learning one prompt)."""
+
+    name: str
+    system_prompt: str = ""
+    few_shot: FewShot = ()
+    template: str = "{question}"
+    train: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name: required (a short label such as 'worked' or 'plain')")
+        check_few_shot(self.few_shot)
+        if "{question}" not in self.template:
+            raise ValueError(f"template={self.template!r}: must contain {{question}}")
+        try:
+            self.template.format(question="")
+        except (IndexError, KeyError, ValueError) as e:
+            raise ValueError(f"template={self.template!r}: not a valid template ({e}); write literal braces "
+                             "as {{ and }}") from None
+
+    def prompt(self, question: str) -> str | tuple[dict[str, str], ...]:
+        return chat_prompt(self.template.format(question=question), self.system_prompt, self.few_shot)
+
+
+def check_prompt_forms(forms: tuple[PromptForm, ...], eval_form: str) -> None:
+    names = [f.name for f in forms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"prompt_forms: names must be unique, got {names}")
+    if forms and not any(f.train for f in forms):
+        raise ValueError("prompt_forms: at least one form must have train: true")
+    if eval_form and eval_form not in names:
+        raise ValueError(f"eval_form={eval_form!r}: allowed '' (cycle every form) or one of {', '.join(names)}")
 
 
 def check_few_shot(few_shot: FewShot) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from groupwise.seeding import stable_seed
 from groupwise.tasks import TASKS, math_answers
-from groupwise.tasks.base import FewShot, chat_prompt, check_few_shot
+from groupwise.tasks.base import FewShot, PromptForm, chat_prompt, check_few_shot, check_prompt_forms
 from groupwise.types import Problem
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -101,6 +101,13 @@ class GymConfig:
     """Empty (and no ``few_shot``) = the prompt is the bare question (plain text) instead of chat messages."""
     few_shot: FewShot = ()
     """Worked examples, ``[[question, answer], ...]``, shown as earlier chat turns before every question."""
+    prompt_forms: tuple[PromptForm, ...] = ()
+    """Several ways of asking (``tasks/base.py`` ``PromptForm``: name, system_prompt, few_shot, template, train)
+    instead of ``system_prompt`` and ``few_shot``: train problem i is asked in a training form drawn from
+    (run seed, i); test problem i in the form ``eval_form`` names."""
+    eval_form: str = ""
+    """The held-out problems' form: a ``prompt_forms`` name, or "" = problem i in form i mod (every form,
+    held-out ones included), so one eval covers every form (each record's form: ``Problem.meta["form"]``)."""
     scorer: Literal["dataset", "math_verify"] = "dataset"
     """``dataset``: the dataset's own ``score_answer`` on the last ``<answer>``; ``math_verify``: the final
     answer (``<answer>``, ``\\boxed{}`` or ``####``) equal to the gold by math-verify (module docstring)."""
@@ -116,6 +123,9 @@ class GymConfig:
         if self.size < 1 or self.test_size < 1:
             raise ValueError(f"size={self.size}, test_size={self.test_size}: both must be >= 1")
         check_few_shot(self.few_shot)
+        check_prompt_forms(self.prompt_forms, self.eval_form)
+        if self.prompt_forms and self.few_shot:
+            raise ValueError("few_shot: give worked examples inside each of prompt_forms, not beside them")
         if self.scorer not in ("dataset", "math_verify"):
             raise ValueError(f"scorer={self.scorer!r}: allowed dataset, math_verify")
         if not 0.0 < self.min_score <= 1.0:
@@ -181,16 +191,27 @@ class GymTask:
                 break
         return self._problem("train", i, entry)
 
+    def _form(self, split: str, i: int) -> PromptForm | None:
+        forms, name = self.cfg.prompt_forms, self.cfg.eval_form
+        if not forms:
+            return None
+        if split == "test":
+            return next(f for f in forms if f.name == name) if name else forms[i % len(forms)]
+        train = [f for f in forms if f.train]
+        return train[stable_seed("prompt-form", self.seed, i) % len(train)]
+
     def _problem(self, split: str, i: int, entry: dict[str, Any]) -> Problem:
         question = str(entry["question"])
         difficulty = entry.get("metadata", {}).get(self.cfg.difficulty_key)
         number = isinstance(difficulty, int | float) and not isinstance(difficulty, bool)
+        form = self._form(split, i)
         return Problem(
             id=f"{self.name}/{split}/{i}",
-            prompt=chat_prompt(question, self.cfg.system_prompt, self.cfg.few_shot),
+            prompt=form.prompt(question) if form else chat_prompt(question, self.cfg.system_prompt,
+                                                                  self.cfg.few_shot),
             answer=str(entry["answer"]),
             difficulty=int(difficulty) if number else 0,
-            meta={"entry": entry},
+            meta={"entry": entry} | ({"form": form.name} if form else {}),
         )
 
     # ---------------------------------------------------------------------------------- verifier

@@ -8,6 +8,7 @@ pytest.importorskip("reasoning_gym")
 
 from groupwise.registry import BuildEnv  # noqa: E402
 from groupwise.tasks import TASKS  # noqa: E402
+from groupwise.tasks.base import PromptForm  # noqa: E402
 from groupwise.tasks.gym import DEFAULT_SYSTEM_PROMPT, GymConfig, GymTask  # noqa: E402
 
 TINY = {
@@ -88,6 +89,55 @@ def test_few_shot_examples_are_earlier_chat_turns():
     no_system = GymTask(GymConfig(size=2, test_size=1, system_prompt="",
                                   few_shot=SHOTS[:1]), 0).test[0].prompt
     assert [m["role"] for m in no_system] == ["user", "assistant", "user"]
+
+
+FORMS = (
+    PromptForm(name="shots", system_prompt="Box it.", few_shot=(("Calculate 3 + 4.", "\\boxed{7}"),)),
+    PromptForm(name="words", system_prompt="Write the running total, then box it."),
+    PromptForm(name="plain", template="Q: {question} Box the answer, e.g. \\boxed{{7}}.", train=False),
+)
+
+
+def test_prompt_forms_train_draws_training_forms_and_eval_cycles_every_form():
+    task = GymTask(GymConfig(size=60, test_size=6, prompt_forms=FORMS), seed=0)
+    assert [p.meta["form"] for p in task.test] == ["shots", "words", "plain"] * 2  # test problem i: form i mod 3
+    train = [p.meta["form"] for p in task.train]
+    assert set(train) == {"shots", "words"}  # the held-out form never trains
+    assert train == [p.meta["form"] for p in GymTask(GymConfig(size=60, test_size=6, prompt_forms=FORMS), 0).train]
+    assert train != [p.meta["form"] for p in GymTask(GymConfig(size=60, test_size=6, prompt_forms=FORMS), 1).train]
+    q = task.test[2].meta["entry"]["question"]
+    assert task.test[2].prompt == f"Q: {q} Box the answer, e.g. \\boxed{{7}}."  # no system, no shots: plain text
+    assert task.test[0].prompt == ({"role": "system", "content": "Box it."},
+                                   {"role": "user", "content": "Calculate 3 + 4."},
+                                   {"role": "assistant", "content": "\\boxed{7}"},
+                                   {"role": "user", "content": task.test[0].meta["entry"]["question"]})
+    assert task.test[1].prompt[0]["content"].startswith("Write the running total")
+    one = GymTask(GymConfig(size=2, test_size=4, prompt_forms=FORMS, eval_form="plain"), 0)
+    assert [p.meta["form"] for p in one.test] == ["plain"] * 4
+    assert [p.meta["entry"]["question"] for p in one.test] == [p.meta["entry"]["question"] for p in task.test[:4]]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"prompt_forms": FORMS[:1] * 2}, r"prompt_forms: names must be unique"),
+    ({"prompt_forms": FORMS[2:]}, r"prompt_forms: at least one form must have train: true"),
+    ({"prompt_forms": FORMS, "eval_form": "chat"}, r"eval_form='chat': allowed '' \(cycle every form\) or one of "
+                                                  r"shots, words, plain"),
+    ({"prompt_forms": FORMS, "few_shot": (("a", "b"),)}, r"few_shot: give worked examples inside each of"),
+])
+def test_prompt_form_errors_are_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as e:
+        GymConfig(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"name": ""}, r"name: required"),
+    ({"name": "x", "template": "no question"}, r"must contain \{question\}"),
+    ({"name": "x", "template": "{question} {other}"}, r"not a valid template"),
+])
+def test_prompt_form_own_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PromptForm(**kwargs)
 
 
 def test_math_verify_scorer_reads_boxed_answers_all_or_nothing():

