@@ -14,10 +14,11 @@ steps 2..N, then over repeats). Each groupwise run records the values its overri
 The levers, and the setting that turns each off (``all off`` sets all of them):
   skip_inert_rows   optim.skip_inert_rows=false: zero-advantage rows go through the forward and backward
   share_prefill     rollout.generator.share_prefill=false: every row prefills its own copy of the prompt
+  common_prefix     rollout.generator.share_common_prefix=false: the prefix all prompts share runs with each prompt
   compaction        rollout.generator.compact_below=0: finished rows stay in the KV cache and keep decoding
   micro_batches     on = optim.micro_batch_tokens=1024 (off = the default 8192: one micro-batch at these sizes)
   fused_decode      rollout.generator.decode=model: the model's own forward per decode step (on = fused)
-  shared_prefix     on = optim.shared_prefix=true (off, the default: each row's prompt runs in the update)
+  shared_prefix     optim.shared_prefix=false: each row's prompt runs in the update (on by default since 2026-12-06)
 None of them changes what is computed: the tests pin each one's samples or gradient to its off setting
 (tests/unit/rollout/test_hf.py, test_fused_decode.py, tests/unit/update/test_update.py, test_shared_prefix.py).
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_trl  # noqa: E402
 
-# lever -> (its setting when off, its setting when on); "defaults" ships all on but micro_batches and shared_prefix
+# lever -> (its setting when off, its setting when on); "defaults" ships all on but micro_batches
 LEVERS = {
     "skip_inert_rows": ("optim.skip_inert_rows=false", "optim.skip_inert_rows=true"),
     "share_prefill": ("rollout.generator.share_prefill=false", "rollout.generator.share_prefill=true"),
@@ -65,7 +66,8 @@ def run(opts: vs_trl.Options, levers: list[str], log=print, isolate: bool = True
     spec = {"model_dir": info["model_dir"], "task": info.get("task", vs_trl.TASK), "steps": opts.steps,
             "prompts": opts.prompts, "group": opts.group,
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
-            "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens}
+            "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens,
+            "optim": info.get("optim", {})}  # regime real: the recipe's optim (vs_trl.group_optim), then the levers
     arms = {"trl": None, **variants(levers)}
     probes = [vs_trl.matmul_peak(opts.matmul_n, opts.threads)]
     runs: list[dict] = []

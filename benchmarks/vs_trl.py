@@ -32,12 +32,15 @@ Regimes (see docs/benchmarks.md):
                 recipes/smollm2_math.yaml: reasoning-gym arithmetic behind a system prompt and two worked
                 examples, rendered with the model's chat template, scored by math-verify), completions stop at
                 EOS, every weight is trained (no LoRA on either side) at lr 1e-5 unless ``--lr`` says
-                otherwise.
+                otherwise. groupwise's side also takes the recipe's ``optim`` (e.g. ``micro_batch_tokens``),
+                except the fields pinned to TRL's (``PINNED_OPTIM``: lr, AdamW, schedule, clip, one epoch).
 
   --prefix-tokens N  (regime C) every prompt behind the same N-token system prompt, as a chat system message on
-                both sides (real RLVR prompts are 100-500 tokens shared by a group's G completions);
-                ``--shared-prefix`` turns on groupwise's ``optim.shared_prefix`` (each group's prompt runs once in
-                the update; generation always prefills it once per group).
+                both sides (real RLVR prompts are 100-500 tokens shared by a group's G completions).
+
+groupwise's ``optim.shared_prefix`` (each group's prompt runs once in the update; generation always prefills it once
+per group) is on, as groupwise ships it (or as ``--recipe``'s ``optim`` sets it in regime real);
+``--no-shared-prefix`` turns it off (``--shared-prefix``, on, is the default and kept for old command lines).
 
 Model FLOPs per step = 2·N·Σ(P+T) (generation forwards) + 6·N·Σ(P+T) (training forward + backward), with N
 the parameter count (tied embeddings counted once), P and T each completion's prompt and completion tokens;
@@ -86,7 +89,7 @@ class Options:
     sides: tuple[str, ...] = SIDES
     workdir: str | None = None
     prefix_tokens: int = 0
-    shared_prefix: bool = False
+    shared_prefix: bool | None = None  # None: groupwise's default (on), or the recipe's optim in regime real
     fused_decode: bool = False
     gw: tuple[str, ...] = ()  # groupwise-only config overrides (``key=value``), e.g. one lever switched off
     model: str = ""  # regime "real": a pretrained model (``model.path`` syntax); "" = the embedded preset
@@ -105,6 +108,9 @@ class Options:
 
 
 QUICK = dict(preset="lab-tiny", steps=2, prompts=2, group=4, max_tokens=8, repeats=1, matmul_n=256)
+# groupwise's optim fields set to what the TRL side does (identical work); the rest of ``optim`` is groupwise's
+# defaults, or the recipe's own in regime real (``real_model_dir``), then ``--no-shared-prefix`` and ``--gw``
+PINNED_OPTIM = ("lr", "betas", "eps", "weight_decay", "warmup_steps", "schedule", "grad_clip", "ppo_epochs")
 
 
 # ------------------------------------------------------------------------------------------ shared pieces
@@ -214,14 +220,16 @@ def real_model_dir(opts: Options) -> dict:
 
     t = time.perf_counter()
     model_dir = sources.resolve(opts.model)
-    task = yaml.safe_load((ROOT / opts.recipe).read_text())["task"]
+    recipe = yaml.safe_load((ROOT / opts.recipe).read_text())
+    task, optim = recipe["task"], dict(recipe.get("optim") or {})
     n = sources.count_params(model_dir)
     kind = AutoConfig.from_pretrained(model_dir).model_type
+    own = ", ".join(f"{k}={v}" for k, v in optim.items() if k not in PINNED_OPTIM)
     regime = (f"real: {opts.model} ({kind}, {model_dir.name}), {opts.recipe}'s task "
               f"({task.get('dataset', task['name'])}), chat template, completions stop at EOS, "
-              "full fine-tuning")
+              "full fine-tuning" + (f"; groupwise the recipe's optim: {own}" if own else ""))
     return {"model_dir": str(model_dir), "params": n, "regime": regime,
-            "model_setup_s": time.perf_counter() - t, "task": task}
+            "model_setup_s": time.perf_counter() - t, "task": task, "optim": optim}
 
 
 def matmul_peak(n: int, threads: int, reps: int = 5) -> dict:
@@ -248,6 +256,18 @@ def _step_record(t: float, cpu: float, rec: dict, **extra) -> dict:
             "gen_tokens": rec["gen_tokens"], "prompt_tokens": rec["prompt_tokens"],
             "problem_ids": sorted(set(rec["ids"])),
             "threads": torch.get_num_threads(), **extra}
+
+
+def group_optim(spec: dict) -> dict:
+    """groupwise's ``optim``: the recipe's (regime real; groupwise's defaults otherwise), the fields TRL's side
+    pins (``PINNED_OPTIM``) set to its values, and ``shared_prefix`` where ``--[no-]shared-prefix`` said."""
+    pinned = {"lr": spec["lr"], "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "warmup_steps": 0,
+              "schedule": "constant", "grad_clip": 1.0, "ppo_epochs": 1}
+    assert tuple(pinned) == PINNED_OPTIM
+    out = {**spec.get("optim", {}), **pinned}
+    if spec.get("shared_prefix") is not None:
+        out["shared_prefix"] = bool(spec["shared_prefix"])
+    return out
 
 
 def side_groupwise(spec: dict) -> dict:
@@ -281,9 +301,7 @@ def side_groupwise(spec: dict) -> dict:
         "advantage": {"name": "grpo"},
         "loss": {"terms": [{"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2}],
                  "reduction": "token_mean"},
-        "optim": {"lr": spec["lr"], "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
-                  "schedule": "constant", "grad_clip": 1.0, "ppo_epochs": 1,
-                  "shared_prefix": bool(spec.get("shared_prefix"))},
+        "optim": group_optim(spec),
         "trainer": {"steps": spec["steps"], "threads": spec["threads"], "progress": False, "sinks": []},
         "eval": {"before": False, "after": False},
     }
@@ -578,13 +596,16 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
     info = make_model_dir(opts, workdir / "model")
     if opts.prefix_tokens:
         info["regime"] += f"; behind a {opts.prefix_tokens}-token system prompt (regime C)"
-        info["regime"] += ", groupwise optim.shared_prefix" if opts.shared_prefix else ""
+    if opts.shared_prefix is False:
+        info["regime"] += "; groupwise unshared update (optim.shared_prefix=false)"
+    elif opts.prefix_tokens:
+        info["regime"] += ", groupwise optim.shared_prefix (its default)"
     if opts.fused_decode:
         info["regime"] += "; groupwise rollout.generator.decode=fused"
     if opts.gw:
         info["regime"] += "; groupwise " + " ".join(opts.gw)
-    spec = {"model_dir": info["model_dir"], "task": info.get("task", TASK), "steps": opts.steps,
-            "prompts": opts.prompts, "group": opts.group,
+    spec = {"model_dir": info["model_dir"], "task": info.get("task", TASK), "optim": info.get("optim", {}),
+            "steps": opts.steps, "prompts": opts.prompts, "group": opts.group,
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
             "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens,
             "shared_prefix": opts.shared_prefix, "fused_decode": opts.fused_decode, "gw": list(opts.gw),
@@ -642,8 +663,9 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
     p.add_argument("--json", metavar="OUT", help="write every per-step record and the summary as JSON")
     p.add_argument("--prefix-tokens", type=int,
                    help="regime C: every prompt behind the same system prompt of this many tokens (default 0)")
-    p.add_argument("--shared-prefix", action="store_true",
-                   help="groupwise: optim.shared_prefix (each group's prompt runs once in the update)")
+    p.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=None,
+                   help="groupwise: optim.shared_prefix, each group's prompt once in the update (on by default; "
+                   "--no-shared-prefix: every row runs its prompt)")
     p.add_argument("--fused-decode", action="store_true",
                    help="groupwise: rollout.generator.decode=fused (the default, auto, already runs the fused "
                    "decode where it can; fused warns where it falls back)")
@@ -668,8 +690,6 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
         values["warm_start"] = True
     if a.model and a.lr is None:
         values["lr"] = 1e-5  # a full fine-tuning lr for a pretrained model (the lab's 1e-4 is for a 0.8M toy)
-    if a.shared_prefix:
-        values["shared_prefix"] = True
     if a.fused_decode:
         values["fused_decode"] = True
     if a.gw:
