@@ -6,27 +6,41 @@ the same function with
 
   * one GEMM for q, k and v and one for gate and up (the weights concatenated once per generate call, so the
     step always uses the current parameters: the optimizer updates them in place between calls);
+  * a peft LoRA policy's adapter folded into those weights, once per generate call: ``W + scaling · B A`` for
+    every adapted projection (o_proj and down_proj included), computed into new tensors, so the model's own
+    parameters are never touched (no ``merge_adapter``: the trainer's forward stays the unmerged adapter, and
+    the next call folds the adapter the optimizer has since updated);
   * a preallocated KV buffer ``[layers, rows, kv_heads, width + new tokens, head_dim]`` written in place, with
     a boolean key mask (left padding of the prompts stays masked), and finished rows dropped by an index;
   * grouped-query attention in ``scaled_dot_product_attention(enable_gqa=True)`` instead of repeating K/V.
 
 Everything that carries a model's own numerics is the model's own module, called as is: the embedding, every
 RMSNorm (Qwen3's per-head q/k norms included), the rotary embedding (so scaled RoPE variants work), the final
-norm and the LM head. The prefill is the model's own forward (``forward.prefill``, one pass per distinct
-prompt); its cache is copied into the buffer. Outputs equal the model's decode up to float summation order
-(the fused GEMMs add the same products in another order): tests/unit/rollout/test_fused_decode.py.
+norm and the LM head (an adapted or ``modules_to_save`` head too). The prefill is the model's own forward
+(``forward.prefill``, one pass per distinct prompt); its cache is copied into the buffer. Outputs equal the
+model's decode up to float summation order (the fused GEMMs add the same products in another order, and the
+LoRA fold computes ``x W + scaling · (x A) B`` as one product): tests/unit/rollout/test_fused_decode.py. The fold
+is limited to float32 weights: in bfloat16, rounding ``W + scaling · B A`` to bfloat16 is a coarser change than
+summation order (it changed sampled tokens of a tiny llama where the plain fused step matched bit for bit).
 
 Supported (``unsupported(model, length)`` says why not, and the generator then runs the model's own forward):
-model types llama, mistral, qwen2, qwen3 with SiLU MLPs, plain ``nn.Linear`` projections (a peft LoRA
-policy's wrapped projections fall back), plain-tensor weights (a sharded DTensor falls back), no tensor-parallel
-pretraining split, and no sliding-window layer whose window is shorter than the generation's total length.
+model types llama, mistral, qwen2, qwen3 with SiLU MLPs; projections that are plain ``nn.Linear``, or peft
+``lora.Linear`` over one with plain LoRA in float32 (more than one active adapter, DoRA or another variant,
+``lora_bias``, an adapter merged in place, bfloat16 / float16 adapted weights, a ``modules_to_save`` copy of a
+projection, and LoRA dropout left active in train mode fall back; generation runs in eval mode, so a recipe's
+``model.lora.dropout`` does not); plain-tensor weights (a sharded DTensor falls back); no tensor-parallel
+pretraining split; and no sliding-window layer whose window is shorter than the generation's total length.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from groupwise.models import base_model
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -39,6 +53,7 @@ def _layers(model: torch.nn.Module):
 def unsupported(model: torch.nn.Module, length: int) -> str | None:
     """None when the fused step computes ``model``'s decode exactly (up to summation order) for sequences of
     ``length`` tokens; else a one-line reason."""
+    model = base_model(model)  # a peft LoRA policy: the transformers model under it (its adapted layers checked below)
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "model_type", None)
     if kind not in MODEL_TYPES:
@@ -58,17 +73,83 @@ def unsupported(model: torch.nn.Module, length: int) -> str | None:
     for layer in layers:
         att, mlp = layer.self_attn, layer.mlp
         for lin in (att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-            if type(lin) is not torch.nn.Linear:
-                return f"projection of type {type(lin).__name__} (fused decode needs plain nn.Linear)"
-            if type(lin.weight.data) is not torch.Tensor:  # e.g. an FSDP2 shard (DTensor) outside full_weights()
-                return f"parameters of type {type(lin.weight.data).__name__} (fused decode needs plain tensors)"
+            reason = _projection_unsupported(lin)
+            if reason:
+                return reason
     return None
 
 
-def _cat_bias(*lins: torch.nn.Linear) -> Tensor | None:
-    if all(lin.bias is None for lin in lins):
-        return None
-    return torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in lins])
+def _is_lora(lin: torch.nn.Module) -> bool:
+    """A peft ``lora.Linear`` (exactly: its quantized and other subclasses compute something else)."""
+    layer = sys.modules.get("peft.tuners.lora.layer")  # imported when a LoRA model exists; never imported here
+    return layer is not None and type(lin) is layer.Linear
+
+
+def _adapters(lin) -> list[str]:
+    """The adapters a peft LoRA layer's forward adds (none while they are disabled)."""
+    return [] if lin.disable_adapters else [a for a in lin.active_adapters if a in lin.lora_A]
+
+
+def _projection_unsupported(lin: torch.nn.Module) -> str | None:
+    tensors = []
+    if _is_lora(lin):
+        names = _adapters(lin)
+        if lin.merged:
+            return "a LoRA adapter merged into its base weights (fused decode folds an unmerged one)"
+        if len(names) > 1:
+            return f"{len(names)} active LoRA adapters (fused decode folds one)"
+        for a in names:
+            if a in lin.lora_variant or lin.use_dora.get(a):
+                kind = "DoRA" if lin.use_dora.get(a) else type(lin.lora_variant[a]).__name__
+                return f"LoRA variant {kind} (fused decode folds plain LoRA)"
+            if lin.lora_bias.get(a):
+                return "LoRA with lora_bias (fused decode folds plain LoRA)"
+            drop = lin.lora_dropout[a]
+            if drop.training and getattr(drop, "p", 0) > 0:
+                return f"LoRA dropout {drop.p} in train mode"
+            ab = (lin.lora_A[a], lin.lora_B[a])
+            if any(type(m) is not torch.nn.Linear for m in ab):
+                return f"LoRA factors of type {type(ab[0]).__name__} (fused decode needs nn.Linear)"
+            tensors += [m.weight for m in ab]
+            dtypes = {t.dtype for t in (lin.base_layer.weight, *tensors)}
+            if dtypes - {torch.float32, torch.float64} or len(dtypes) > 1:  # the fold rounds W + scaling·BA once
+                return (f"LoRA over {'/'.join(sorted(str(d)[6:] for d in dtypes))} weights (folding the adapter "
+                        "rounds differently from the model's two products; fused decode folds float32)")
+        lin = lin.base_layer
+    if type(lin) is not torch.nn.Linear:
+        return f"projection of type {type(lin).__name__} (fused decode needs plain nn.Linear or peft lora.Linear)"
+    for t in [lin.weight, *tensors]:
+        if type(t.data) is not torch.Tensor:  # e.g. an FSDP2 shard (DTensor) outside full_weights()
+            return f"parameters of type {type(t.data).__name__} (fused decode needs plain tensors)"
+    return None
+
+
+def _weight(lin: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
+    """(weight [out, in], bias) of the function a projection computes: a LoRA layer's adapter folded in,
+    ``W + scaling · B A`` (float32: ``unsupported``), into a new tensor."""
+    if not _is_lora(lin):
+        return lin.weight, lin.bias
+    base, names = lin.base_layer, _adapters(lin)  # at most one (unsupported)
+    if not names:
+        return base.weight, base.bias
+    a = names[0]
+    return torch.addmm(base.weight, lin.lora_B[a].weight, lin.lora_A[a].weight, alpha=lin.scaling[a]), base.bias
+
+
+def _fused(*lins: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
+    """The projections side by side, transposed for ``x @ w`` ([in, sum of out]), each LoRA adapter folded into
+    its columns in place (one copy of the weights), and their biases (zeros for a projection without one)."""
+    bases = [lin.base_layer if _is_lora(lin) else lin for lin in lins]
+    w = torch.cat([b.weight.t() for b in bases], dim=1)
+    start = 0
+    for lin, b in zip(lins, bases):
+        for a in _adapters(lin) if lin is not b else ():  # (x W^T: the transposed fold, A^T B^T)
+            w[:, start:start + b.out_features].addmm_(lin.lora_A[a].weight.t(), lin.lora_B[a].weight.t(),
+                                                       alpha=lin.scaling[a])
+        start += b.out_features
+    if all(b.bias is None for b in bases):
+        return w, None
+    return w, torch.cat([b.bias if b.bias is not None else b.weight.new_zeros(b.out_features) for b in bases])
 
 
 class FusedDecoder:
@@ -76,18 +157,17 @@ class FusedDecoder:
 
     @torch.no_grad()
     def __init__(self, model: torch.nn.Module, cache, attn: Tensor, new_tokens: int):
-        self.model, self.layers = model, list(_layers(model))
+        self.model = base_model(model)
+        self.layers = list(_layers(self.model))
         att0 = self.layers[0].self_attn
         self.head_dim, self.scaling = att0.head_dim, att0.scaling
-        self.heads = att0.q_proj.out_features // self.head_dim
+        self.heads = att0.q_proj.out_features // self.head_dim  # a peft lora.Linear has its base's sizes
         self.kv_heads = att0.k_proj.out_features // self.head_dim
-        self.w = []
+        self.w = []  # per layer: (qkv^T, its bias, o_proj, gate|up^T, its bias, intermediate size, down_proj)
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
-            self.w.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t().contiguous(),
-                           _cat_bias(a.q_proj, a.k_proj, a.v_proj),
-                           torch.cat([m.gate_proj.weight, m.up_proj.weight]).t().contiguous(),
-                           _cat_bias(m.gate_proj, m.up_proj), m.gate_proj.out_features))
+            self.w.append((*_fused(a.q_proj, a.k_proj, a.v_proj), _weight(a.o_proj),
+                           *_fused(m.gate_proj, m.up_proj), m.up_proj.out_features, _weight(m.down_proj)))
         rows, width = attn.shape
         first = cache.layers[0].keys
         shape = (len(self.layers), rows, self.kv_heads, width + new_tokens, self.head_dim)
@@ -115,7 +195,7 @@ class FusedDecoder:
         self.valid[:, n] = True
         mask = self.valid[:, None, None, :n + 1]  # [B, 1, 1, keys]
         qn, kn = self.heads * d, self.kv_heads * d
-        for i, (layer, (w_qkv, b_qkv, w_gu, b_gu, inter)) in enumerate(zip(self.layers, self.w)):
+        for i, (layer, (w_qkv, b_qkv, w_o, w_gu, b_gu, inter, w_down)) in enumerate(zip(self.layers, self.w)):
             a = layer.self_attn
             x = layer.input_layernorm(h)
             qkv = x @ w_qkv if b_qkv is None else torch.addmm(b_qkv, x, w_qkv)
@@ -130,11 +210,11 @@ class FusedDecoder:
             o = F.scaled_dot_product_attention(q.transpose(1, 2), self.k[i, :, :, :n + 1], self.v[i, :, :, :n + 1],
                                                attn_mask=mask, scale=self.scaling,
                                                enable_gqa=self.heads != self.kv_heads)
-            h = h + a.o_proj(o.reshape(b, qn))
+            h = h + F.linear(o.reshape(b, qn), *w_o)  # what o_proj computes (nn.Linear: the same call)
             x = layer.post_attention_layernorm(h)
             gu = x @ w_gu if b_gu is None else torch.addmm(b_gu, x, w_gu)
             g, u = gu.split([inter, inter], dim=-1)
-            h = h + layer.mlp.down_proj(F.silu(g) * u)
+            h = h + F.linear(F.silu(g) * u, *w_down)
         self.n = n + 1
         return self.model.lm_head(inner.norm(h))
 

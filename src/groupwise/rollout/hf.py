@@ -34,11 +34,13 @@ class HFConfig:
     """The token prefix every prompt of a generate call starts with (a system prompt, worked examples) is
     prefilled once for all of them (``forward.prefill``; the same tokens and log-probs up to float summation
     order); false prefills it with every distinct prompt."""
-    decode: Literal["model", "fused"] = "model"
-    """``model``: every decode step is the model's own forward with its ``DynamicCache``. ``fused``: Llama-family
-    models (llama, mistral, qwen2, qwen3) decode with fused QKV and gate/up GEMMs and a preallocated KV buffer
-    (``rollout/fused.py``; equal up to float summation order); other models fall back to ``model``, with one
-    warning naming the reason."""
+    decode: Literal["auto", "model", "fused"] = "auto"
+    """``fused``: Llama-family models (llama, mistral, qwen2, qwen3; a peft LoRA policy's adapter folded into the
+    weights) decode with fused QKV and gate/up GEMMs and a preallocated KV buffer (``rollout/fused.py``; equal
+    to the model's decode up to float summation order); other models fall back to ``model``, with one warning
+    naming the reason. ``model``: every decode step is the model's own forward with its ``DynamicCache``.
+    ``auto``: ``fused`` where it runs, else ``model`` without a warning. The path a call took is the
+    generator's ``decode_path``."""
 
     def __post_init__(self) -> None:
         if self.max_batch_rows < 1 or not 0 <= self.compact_below <= 1:
@@ -102,18 +104,19 @@ class HFGenerator:
         return torch.multinomial(probs.cpu(), 1, generator=rng).squeeze(-1).to(logits.device), lp
 
     def fused_reason(self, length: int) -> str | None:
-        """Why ``decode: fused`` cannot run for ``length``-token sequences (None: it runs)."""
+        """Why the fused decode cannot run for ``length``-token sequences (None: it runs)."""
         return fused.unsupported(self.model, length)
 
     def _decoder(self, cache, attn: Tensor, steps: int):
         """The decode step for one generate call (``fused.FusedDecoder`` or ``_ModelDecoder``); which one ran is
         in ``decode_path``."""
-        reason = self.fused_reason(attn.shape[1] + steps) if self.cfg.decode == "fused" else "not asked"
+        asked = self.cfg.decode
+        reason = self.fused_reason(attn.shape[1] + steps) if asked != "model" else "not asked"
         if reason is None:
             self.decode_path = "fused"
             return fused.FusedDecoder(self.model, cache, attn, steps)
-        self.decode_path = "model" if reason == "not asked" else f"model ({reason})"
-        if reason != "not asked" and not self._warned:
+        self.decode_path = "model" if asked == "model" else f"model ({reason})"
+        if asked == "fused" and not self._warned:
             warnings.warn(f"rollout.generator decode: fused falls back to the model's forward: {reason}", stacklevel=2)
             self._warned = True
         return _ModelDecoder(self.model, cache, attn, self._cache_kw)

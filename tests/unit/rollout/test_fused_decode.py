@@ -16,7 +16,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from groupwise.config import ConfigError, load
+from groupwise.config import ConfigError, LoraConfig, load
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.rollout import fused
 from groupwise.rollout.base import Request, SamplingParams
@@ -42,6 +42,19 @@ def qwen2():
 def qwen3():
     torch.manual_seed(0)
     return Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=16)).eval()  # per-head q/k RMSNorm
+
+
+def adapted(build, seed=1, **lora_kw):
+    """``build()`` as a peft LoRA policy (every linear layer) whose adapter has trained: peft starts B at 0,
+    which folds to nothing, so B is drawn at random here."""
+    from groupwise.models import lora
+
+    model = lora.wrap(build(), LoraConfig(r=4, alpha=8.0, **lora_kw))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(seed + len(n)))
+    return model
 
 
 def prompt(tokenizer, text):
@@ -99,6 +112,101 @@ def test_fused_decode_reads_the_current_weights(tokenizer):
     assert any(not torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(before, after))
     for x, y in zip(after, ref):
         assert torch.equal(x.completion_ids, y.completion_ids)
+
+
+@pytest.mark.parametrize("build", [llama, qwen2])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_fused_decode_folds_a_lora_adapter(build, temperature, tokenizer):
+    pytest.importorskip("peft")
+    model = adapted(build, dropout=0.1).train()  # as in training; generate runs in eval mode (no dropout)
+    assert "LoRA dropout 0.1 in train mode" in fused.unsupported(model, 64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = SamplingParams(max_tokens=16, temperature=temperature)
+    gen = HFGenerator(HFConfig(decode="fused"), model, tokenizer)
+    b = gen.generate(requests(tokenizer), params, torch.Generator().manual_seed(0))
+    assert gen.decode_path == "fused" and model.training
+    a = HFGenerator(HFConfig(decode="model"), model, tokenizer).generate(
+        requests(tokenizer), params, torch.Generator().manual_seed(0))
+    base = HFGenerator(HFConfig(decode="model"), model.get_base_model(), tokenizer)
+    with model.disable_adapter():
+        plain = base.generate(requests(tokenizer), params, torch.Generator().manual_seed(0))
+    assert any(not torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(a, plain))  # the adapter matters
+    lengths = [len(x.completion_ids) for x in a]
+    assert lengths == [len(y.completion_ids) for y in b] and max(lengths) > 6
+    for x, y in zip(a, b):
+        assert torch.equal(x.completion_ids, y.completion_ids)
+        assert torch.equal(x.forced, y.forced) and x.finish_reason == y.finish_reason
+        assert_close(x.rollout_logprobs, y.rollout_logprobs, rtol=1e-5, atol=1e-5)
+    # the fold went into new tensors: the adapter is not merged and no parameter moved
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not any(getattr(m, "merged", False) for m in model.modules())
+    reqs = requests(tokenizer)
+    packed = pack([r.prompt_ids for r in reqs], [o.completion_ids for o in b], tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp = completion_logprobs(model.eval(), packed,
+                                 temperature=temperature if temperature > 0 else 1.0).logprobs
+    for i, o in enumerate(b):
+        assert_close(lp[i, :len(o.completion_ids)], o.rollout_logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_the_lora_fold_follows_the_adapters_updates(tokenizer):
+    pytest.importorskip("peft")
+    model = adapted(llama)
+    gen = HFGenerator(HFConfig(decode="fused"), model, tokenizer)
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    before = gen.generate(requests(tokenizer), params, torch.Generator())
+    with torch.no_grad():  # an in-place update of the adapter only, as the optimizer does between generate calls
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.3)
+    after = gen.generate(requests(tokenizer), params, torch.Generator())
+    assert gen.decode_path == "fused"
+    ref = HFGenerator(HFConfig(decode="model"), model, tokenizer).generate(requests(tokenizer), params,
+                                                                           torch.Generator())
+    assert any(not torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(before, after))
+    for x, y in zip(after, ref):
+        assert torch.equal(x.completion_ids, y.completion_ids)
+        assert_close(x.rollout_logprobs, y.rollout_logprobs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:`lora_bias=True`")
+def test_lora_settings_the_fold_does_not_cover_fall_back():
+    peft = pytest.importorskip("peft")
+    model = adapted(llama).eval()
+    assert fused.unsupported(model, 64) is None
+    with model.disable_adapter():  # the adapter switched off (lora.BaseView): the base weights, folded as is
+        assert fused.unsupported(model, 64) is None
+    model.add_adapter("second", peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    model.base_model.set_adapter(["default", "second"])
+    assert "2 active LoRA adapters" in fused.unsupported(model, 64)
+    for kw, reason in ((dict(use_dora=True), "LoRA variant DoRA"), (dict(lora_bias=True), "lora_bias")):
+        other = peft.get_peft_model(llama(), peft.LoraConfig(r=4, target_modules=["v_proj"], **kw))
+        assert reason in fused.unsupported(other, 64)
+    merged = adapted(llama).eval()
+    merged.merge_adapter()
+    assert "merged" in fused.unsupported(merged, 64)
+    saved = peft.get_peft_model(llama(), peft.LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["k_proj"]))
+    assert "ModulesToSaveWrapper" in fused.unsupported(saved, 64)
+    # bfloat16: the plain fused step runs, a LoRA fold would round W + scaling·BA to bfloat16 (not summation order)
+    assert fused.unsupported(llama().to(torch.bfloat16), 64) is None
+    assert "LoRA over bfloat16 weights" in fused.unsupported(adapted(llama).to(torch.bfloat16), 64)
+
+
+def test_auto_decode_is_fused_where_it_runs_and_falls_back_silently(tokenizer):
+    assert HFConfig().decode == "auto"
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    gen = HFGenerator(HFConfig(), llama(), tokenizer)
+    gen.generate(requests(tokenizer), params, torch.Generator())
+    assert gen.decode_path == "fused"
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=108, n_positions=64)).eval()
+    gen = HFGenerator(HFConfig(), gpt2, tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gen.generate(requests(tokenizer), params, torch.Generator())
+    assert gen.decode_path.startswith("model (model type 'gpt2'")
+    off = HFGenerator(HFConfig(decode="model"), llama(), tokenizer)
+    off.generate(requests(tokenizer), params, torch.Generator())
+    assert off.decode_path == "model"
 
 
 def test_unsupported_models_fall_back_with_one_warning(tokenizer):
