@@ -9,6 +9,8 @@ or the library's own generator and update, each measurement in a fresh process (
     PYTHONPATH=src python benchmarks/real_model.py memory --threads 2
     # what docs/benchmarks.md shows: steps at 1 thread (the experiments' setting)
     PYTHONPATH=src python benchmarks/real_model.py steps --threads 1 --steps 6
+    # the update under optim.autocast none vs bf16: CPU seconds, log-prob and gradient gaps
+    PYTHONPATH=src python benchmarks/real_model.py autocast --threads 1 --repeats 3
 
 ``steps``: ``groupwise train recipes/smollm2_math.yaml`` for ``--steps`` steps per arm (evals off, no
 checkpoints): ``lora`` is the recipe as committed (LoRA r 16 on every linear layer, lr 6e-4), ``full`` trains
@@ -26,6 +28,16 @@ logits); the fitted slopes give the largest R and M under ``--budget-gib`` (24 G
 headroom. The update's memory does not depend on the number of rows per step (the update is micro-batched by
 tokens), so the batch limit is the generator's ``max_batch_rows`` and the update's ``micro_batch_tokens``, not
 ``prompts_per_step x group_size``.
+
+``autocast``: per arm (lora, full; one process each), ``--groups`` x 8 completions of up to ``--tokens`` tokens
+sampled by the recipe's own generator (fp32) behind the recipe's test prompts, advantages ±1 (every row trained);
+then one update (``Learner.step``: forward, backward, AdamW step) of that identical batch from the same weights and
+a fresh optimizer, under ``optim.autocast`` none and bf16, alternating (none, bf16, bf16, none, ...) ``--repeats``
+times each after one untimed warm-up each, timed in process CPU seconds. Then, on the initial weights: the mean and
+max |log p_bf16 − log p_fp32| per token (``Learner.logprobs``), each mode's mean |log p − rollout log p| against
+the generator's fp32 log-probs (what ``mismatch/*`` logs), and the relative error ‖g_bf16 − g_fp32‖ / ‖g_fp32‖ of
+the flattened gradient (``optim.grad_clip=0``), next to the fp32 gradient's own reordering noise (the same update
+with ``optim.shared_prefix`` off).
 """
 
 from __future__ import annotations
@@ -152,6 +164,104 @@ def child_update(micro: int, lora: bool, threads: int, groups: int = 16) -> dict
             "tokens": sum(len(p.encode(g.problem)) + 8 * 48 for g in batch)}
 
 
+def child_autocast(arm: str, threads: int, groups: int = 8, tokens: int = 40, repeats: int = 3) -> dict:
+    """The update of one sampled batch under optim.autocast none and bf16 (see the module docstring)."""
+    import dataclasses
+
+    import torch
+
+    from groupwise.config import load
+    from groupwise.loop.setup import build
+    from groupwise.rollout.base import Request, SamplingParams
+    from groupwise.types import Group, Sample, TokenBatch
+    from groupwise.update import Learner, build_optimizer
+
+    torch.set_num_threads(threads)
+    p = build(load(RECIPE, ["trainer.sinks=[]", f"out_dir={tempfile.mkdtemp()}", *ARMS[arm]]), io=False)
+    problems = p.task.test[:groups]
+    reqs = [Request(p.encode(prob)) for prob in problems for _ in range(8)]
+    out = p.generator.generate(reqs, SamplingParams(tokens, 1.0), torch.Generator().manual_seed(0))
+    samples = [Sample(prompt_ids=r.prompt_ids, completion_ids=c.completion_ids,
+                      rollout_logprobs=c.rollout_logprobs.float(), finish_reason="length", scored=True,
+                      loss_mask=torch.ones(c.completion_ids.numel(), dtype=torch.bool)) for r, c in zip(reqs, out)]
+    adv = torch.tensor([[1.0 if j % 2 else -1.0 for j in range(8)] for _ in problems])
+    trained = [q for q in p.policy.parameters() if q.requires_grad]
+    start = [q.detach().clone() for q in trained]
+
+    def learner(mode: str, **optim) -> Learner:
+        with torch.no_grad():
+            for q, s0 in zip(trained, start):
+                q.copy_(s0)
+        o = dataclasses.replace(p.learner.settings.optim, autocast=mode, **optim)
+        opt, sched = build_optimizer(p.policy, o, p.cfg.trainer.steps)
+        return Learner(p.policy, opt, sched, p.learner.terms, dataclasses.replace(p.learner.settings, optim=o),
+                       p.learner.ref, p.learner.teacher)
+
+    def batch() -> TokenBatch:
+        fresh = [dataclasses.replace(s, old_logprobs=None) for s in samples]
+        return TokenBatch.build([Group(problem=prob, samples=fresh[8 * i:8 * i + 8])
+                                 for i, prob in enumerate(problems)], adv, [])
+
+    seconds: dict[str, list[float]] = {"none": [], "bf16": []}
+    for mode in ("none", "bf16"):  # warm-up: first-call allocations and kernel setup
+        learner(mode).step(batch())
+    order = [m for r in range(repeats) for m in (("none", "bf16") if r % 2 == 0 else ("bf16", "none"))]
+    for mode in order:
+        lr = learner(mode)
+        b = batch()
+        t = time.process_time()
+        lr.step(b)
+        seconds[mode].append(time.process_time() - t)
+
+    def grads(mode: str, **optim) -> torch.Tensor:
+        lr = learner(mode, grad_clip=0.0, **optim)
+        got: list[torch.Tensor] = []
+        real = lr.optimizer.step
+        lr.optimizer.step = lambda *a, **k: (got.append(torch.cat([q.grad.reshape(-1) for q in trained])),
+                                             real(*a, **k))[1]
+        lr.step(batch())
+        return got[0]
+
+    g32, g16, g32b = grads("none"), grads("bf16"), grads("none", shared_prefix=False)
+    lp = {mode: learner(mode).logprobs(p.policy, samples) for mode in ("none", "bf16")}
+    cat = lambda xs: torch.cat([x.reshape(-1) for x in xs])  # noqa: E731
+    gap = (cat(lp["bf16"]) - cat(lp["none"])).abs()
+    roll = cat([s.rollout_logprobs for s in samples])
+    return {"arm": arm, "seconds": seconds, "rows": len(samples), "tokens": int(roll.numel()),
+            "dlogp_mean": float(gap.mean()), "dlogp_max": float(gap.max()),
+            "rollout_gap_fp32": float((cat(lp["none"]) - roll).abs().mean()),
+            "rollout_gap_bf16": float((cat(lp["bf16"]) - roll).abs().mean()),
+            "grad_rel_err": float((g16 - g32).norm() / g32.norm()),
+            "grad_rel_err_fp32_reorder": float((g32b - g32).norm() / g32.norm())}
+
+
+def autocast_main(a) -> dict:
+    runs = []
+    for arm in ARMS:
+        print(f"autocast: {arm} ...", file=sys.stderr, flush=True)
+        code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import real_model as m; "
+                f"print(json.dumps(m.child_autocast({arm!r}, {a.threads}, {a.groups}, {a.tokens}, {a.repeats})))")
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(a.threads), capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"autocast {arm} failed:\n{proc.stderr[-3000:]}")
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    lines = [f"{RECIPE}, one update of {runs[0]['rows']} sampled rows ({a.groups} groups x 8, "
+             f"{runs[0]['tokens']} completion tokens), {a.threads} thread(s), process CPU s, "
+             f"{a.repeats} alternating repeats per mode (median [min-max])", "",
+             f"{'arm':<5} {'none s':>18} {'bf16 s':>18} {'speed-up':>8} {'|dlogp| mean':>12} {'max':>6} "
+             f"{'vs rollout fp32':>15} {'bf16':>7} {'grad rel err':>12} {'fp32 noise':>10}"]
+    for r in runs:
+        s32, s16 = r["seconds"]["none"], r["seconds"]["bf16"]
+        fmt = lambda xs: f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"  # noqa: E731
+        lines.append(f"{r['arm']:<5} {fmt(s32):>18} {fmt(s16):>18} "
+                     f"{statistics.median(s32) / statistics.median(s16):>7.2f}x {r['dlogp_mean']:>12.2e} "
+                     f"{r['dlogp_max']:>6.2f} {r['rollout_gap_fp32']:>15.2e} {r['rollout_gap_bf16']:>7.2e} "
+                     f"{r['grad_rel_err']:>12.2e} {r['grad_rel_err_fp32_reorder']:>10.1e}")
+    print("\n".join(lines))
+    return {"runs": runs, "table": lines}
+
+
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -224,11 +334,15 @@ def main(argv: list[str] | None = None) -> dict:
     m.add_argument("--rows", type=int, nargs="*", default=[64, 256, 512], help="none: skip generation")
     m.add_argument("--micro", type=int, nargs="*", default=[1024, 2048, 4096], help="none: skip the update")
     m.add_argument("--budget-gib", type=float, default=24.0)
-    for q in (s, m):
+    c = sub.add_parser("autocast")
+    c.add_argument("--groups", type=int, default=8)
+    c.add_argument("--tokens", type=int, default=40)
+    c.add_argument("--repeats", type=int, default=3)
+    for q in (s, m, c):
         q.add_argument("--threads", type=int, default=2)
         q.add_argument("--json", help="write the measurements here")
     a = p.parse_args(argv)
-    result = steps_main(a) if a.cmd == "steps" else memory_main(a)
+    result = {"steps": steps_main, "memory": memory_main, "autocast": autocast_main}[a.cmd](a)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     return result

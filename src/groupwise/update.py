@@ -15,6 +15,14 @@ reduction, and, with ``loss.importance_sampling``, by the sampler-trainer import
 from the ``old_logprobs`` above and the generator's ``rollout_logprobs``, no extra pass); the mismatch metrics
 (``mismatch/*``) are logged whenever the rows carry the generator's log-probs.
 
+``optim.autocast: bf16`` runs every model pass made here (``_forward``: the policy's forward, the reference's, the
+behaviour and stored-sample log-probs) under ``torch.autocast`` to bfloat16; the backward, the loss terms and the
+optimizer step run outside it, on fp32 weights, gradients and moments, and the log-softmax on the upcast logits.
+PPO's ρ stays exactly 1 at the first epoch under it (π_old is that forward's own detached log-probs), and
+``behaviour_logprobs`` runs under it too, so it still gives the update's own log-probs bit for bit; the sampler's
+fp32 log-probs differ from them by the bf16 rounding (``mismatch/*``; ``loss.importance_sampling`` corrects it).
+With ``none`` the passes run in a ``nullcontext``: the update is the fp32 one, unchanged.
+
 Non-finite values never reach the weights: a non-finite gradient norm skips the optimizer step, and a step
 that leaves any parameter NaN or ±inf (an overflowing update) is undone: the pre-step parameters, kept as a
 copy of the trainable parameters (one extra copy of them in memory), are put back, and optimizer state that
@@ -25,6 +33,7 @@ stop`` keeps no copy (for models where a second copy of the weights does not fit
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -426,10 +435,11 @@ class Learner:
         """One teacher-forced pass; with ``optim.shared_prefix`` each distinct prompt runs once. A sharded
         model's calls are collectives, so every rank must make as many: there the prompts' common prefix (a
         third call only when a micro-batch holds several distinct prompts) is not run apart."""
-        if self.settings.optim.shared_prefix:
-            return shared_prefix_logprobs(model, packed, [s.prompt_ids for s in rows], self.settings.pad_id,
-                                          self.settings.temperature, common=not fsdp.is_sharded(model), **kw)
-        return completion_logprobs(model, packed, self.settings.temperature, **kw)
+        with autocast(model, self.settings.optim.autocast):
+            if self.settings.optim.shared_prefix:
+                return shared_prefix_logprobs(model, packed, [s.prompt_ids for s in rows], self.settings.pad_id,
+                                              self.settings.temperature, common=not fsdp.is_sharded(model), **kw)
+            return completion_logprobs(model, packed, self.settings.temperature, **kw)
 
     @torch.no_grad()
     def _ref(self, packed: Packed, rows: list[Sample]) -> Tensor | None:
@@ -446,6 +456,14 @@ class Learner:
         if k not in cache:
             cache[k] = self.teacher.score(rows, problems, self.want)
         return cache[k]
+
+
+def autocast(model: torch.nn.Module, mode: str) -> contextlib.AbstractContextManager:
+    """The context of the update's model passes (``optim.autocast``): ``none`` adds nothing (a ``nullcontext``);
+    ``bf16`` autocasts to bfloat16 on ``model``'s device type, the weights staying as they are."""
+    if mode == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16)
 
 
 def build_optimizer(policy: torch.nn.Module, cfg: OptimConfig, total_steps: int):

@@ -38,6 +38,14 @@ def check(cfg: RunConfig) -> None:
             raise ConfigError(f"driver: {why}")
     if cfg.rollout.workers:
         _check_workers(cfg)
+    if cfg.optim.autocast != "none":
+        for key, value, bad, why in (
+                ("model.dtype", cfg.model.dtype, cfg.model.dtype != "float32",
+                 "the weights are already 16-bit; allowed: model.dtype=float32"),
+                ("trainer.data_parallel", cfg.trainer.data_parallel, cfg.trainer.data_parallel == "fsdp",
+                 "autocast under FSDP is not built; use trainer.data_parallel=replicate")):
+            if bad:
+                raise ConfigError(f"optim.autocast={cfg.optim.autocast} with {key}={value}: {why}")
     if cfg.trainer.data_parallel == "fsdp":
         for key, on in (("model.lora", cfg.model.lora is not None), ("rollout.workers", cfg.rollout.workers > 0)):
             if on:

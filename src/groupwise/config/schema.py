@@ -262,6 +262,20 @@ class OptimConfig:
     """A step that leaves a parameter NaN/inf: ``restore`` the pre-step weights (keeps one copy of the trainable
     parameters each step; right for the lab's small models) or ``stop`` the run with a one-line error (no
     copy; for large models), the last checkpoint intact either way."""
+    autocast: Literal["none", "bf16"] = "none"
+    """``bf16``: the update's model passes (the policy's forward, whose backward then runs in the same dtypes; the
+    KL reference; behaviour and stored-sample log-probs, ``Learner.logprobs``) run under ``torch.autocast`` to
+    bfloat16 on the model's device: matmuls take bf16 inputs, while the weights, gradients and AdamW state stay fp32
+    (standard mixed precision) and the log-softmax and sampled-token gather run in fp32 on the upcast logits
+    (``forward._from_logits``). Inexact, so off by default: the trainer's log-probs move by the bf16 rounding of
+    the activations and logits (SmolLM2-135M, ``benchmarks/real_model.py autocast``: mean |Δ log p| 6e-3 a token,
+    max 0.2, the gradient 4-5% off in relative norm, for a 1.4-1.5x faster update on an avx512_bf16 CPU). PPO's ratio
+    is still exactly 1 at the first epoch (``old_logprobs`` are that epoch's own detached log-probs, same numerics),
+    but the generator's fp32 rollout log-probs now differ from the trainer's: ``mismatch/*`` measures it, and
+    ``loss.importance_sampling`` corrects for it (recommended with bf16). The frozen teacher's pass
+    (``teachers/``) stays at the model's dtype. Requires ``model.dtype: float32`` (a 16-bit model has nothing to
+    autocast) and ``trainer.data_parallel: replicate`` (autocast under FSDP2 is not built or tested:
+    ``models/fsdp.py`` has no mixed-precision policy); fp16 is not offered (it would need loss scaling)."""
 
     def __post_init__(self) -> None:
         _rules(self, ("lr", lambda v: v > 0, "> 0"),

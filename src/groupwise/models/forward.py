@@ -179,7 +179,8 @@ def cache_keyword(model: torch.nn.Module) -> str:
 
 
 def _from_logits(logits: Tensor, packed: Packed, temperature: float, with_entropy: bool, with_vocab: bool) -> Forward:
-    """Completion-aligned logits [B, T, V] -> the ``Forward`` of the sampled tokens."""
+    """Completion-aligned logits [B, T, V] -> the ``Forward`` of the sampled tokens, computed in fp32 whatever the
+    logits' dtype (bf16 from a 16-bit model or under ``optim.autocast``: upcast before the log-softmax)."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
