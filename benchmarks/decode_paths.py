@@ -8,6 +8,15 @@ matrix products (one [rows x E] @ [E x out] per fused projection, the LM head in
 ``--repeats``), tokens/s, nominal GFLOP/s (2 x params x tokens) and its share of the peak. The GEMM-only line is
 the most any decode path of this model and row count could reach without changing the GEMMs themselves.
 
+``--paths`` picks the generators, alternated in the order given: ``model``, ``fused`` and ``bf16`` (``decode: fused``
+with ``dtype: bf16``: the fused step's GEMMs and KV buffer in bfloat16); the last line gives the first path's
+time over each other's. ``--mismatch`` then samples ``--prompts`` x ``--group`` rows with every path but ``model``
+at temperature 1 with the model's real EOS, teacher-forces them in float32 (``forward.completion_logprobs``, the
+trainer's pass) and prints per path mean / p99 / max |log p_sampler - log p_trainer| per token, the mean
+importance weight exp(log p_trainer - log p_sampler), the share of tokens whose weight is over 3 and
+``mismatch/kl`` (losses/mismatch.py). ``--prefill`` times the prefill alone (``forward.prefill`` of the requests,
+the generator's first pass) in float32 and under ``torch.autocast`` to bfloat16, alternating.
+
 ``--recipe`` measures a recipe's model instead, as it trains (``recipes/smollm2_math.yaml``: SmolLM2-135M with
 its LoRA adapter, folded into the fused weights; ``--set model.lora=null``: full fine-tuning), on its task's
 first ``--prompts`` training problems as the recipe prompts them, ``--max-tokens`` defaulting to the recipe's
@@ -17,6 +26,8 @@ first ``--prompts`` training problems as the recipe prompts them, ``--max-tokens
                                                      [--max-tokens 64] [--repeats 5] [--threads 1]
     PYTHONPATH=src python benchmarks/decode_paths.py --recipe recipes/smollm2_math.yaml [--set model.lora=null]
                                                      [--repeats 3] [--no-bound]
+    PYTHONPATH=src python benchmarks/decode_paths.py --recipe recipes/smollm2_math.yaml --paths fused,bf16 \
+                                                     --no-bound --mismatch [--prefill]
 """
 
 from __future__ import annotations
@@ -39,6 +50,9 @@ def main() -> None:
     p.add_argument("--recipe", help="a recipe's model and prompts instead of --preset on the lab task")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override (repeatable)")
     p.add_argument("--no-bound", action="store_true", help="skip the GEMM-only loop")
+    p.add_argument("--paths", default="model,fused", help="comma-separated: model, fused, bf16 (default model,fused)")
+    p.add_argument("--mismatch", action="store_true", help="sampler vs float32 trainer log-probs, per non-model path")
+    p.add_argument("--prefill", action="store_true", help="time the prefill alone: float32 vs autocast bf16")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
@@ -72,7 +86,9 @@ def main() -> None:
                 for i in range(a.prompts) for _ in range(a.group)]
     a.max_tokens = a.max_tokens or 64
     params = SamplingParams(max_tokens=a.max_tokens, temperature=1.0)
-    gens = {d: HFGenerator(HFConfig(decode=d), model, tok) for d in ("model", "fused")}
+    kinds = {"model": HFConfig(decode="model"), "fused": HFConfig(decode="fused"),
+             "bf16": HFConfig(decode="fused", dtype="bf16")}
+    gens = {d: HFGenerator(kinds[d], model, tok) for d in a.paths.split(",")}
     for g in gens.values():
         g.eos_ids = torch.tensor([], dtype=torch.long)
     rows = len(reqs)
@@ -129,9 +145,70 @@ def main() -> None:
         s = statistics.median(ts)
         print(f"{path:<10} {s:>7.3f} {min(ts):>6.3f}-{max(ts):<6.3f} {tokens / s:>7.0f} "
               f"{2 * n_params * tokens / s / 1e9:>8.1f} {100 * 2 * n_params * tokens / s / best:>5.1f}%")
-    m, f = statistics.median(times["model"]), statistics.median(times["fused"])
-    print(f"model/fused: {m / f:.2f}x "
-          f"(per repeat: {', '.join(f'{x / y:.2f}' for x, y in zip(times['model'], times['fused']))})")
+    first, *others = gens
+    for other in others:
+        m, f = statistics.median(times[first]), statistics.median(times[other])
+        print(f"{first}/{other}: {m / f:.2f}x "
+              f"(per repeat: {', '.join(f'{x / y:.2f}' for x, y in zip(times[first], times[other]))})")
+    if a.prefill:
+        prefill_times(model, reqs, tok, a.repeats)
+    if a.mismatch:
+        for name in (n for n in gens if n != "model"):
+            mismatch(model, tok, HFGenerator(kinds[name], model, tok), reqs, a.max_tokens, name)
+
+
+def prefill_times(model, reqs, tok, repeats: int) -> None:
+    """CPU seconds of the generator's prefill (``forward.prefill``: each distinct prompt once, the common prefix
+    once) in float32 and under autocast to bfloat16, alternating."""
+    import contextlib
+
+    import torch
+
+    from groupwise.models.forward import prefill
+
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ctx = {"float32": contextlib.nullcontext, "autocast bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+    times: dict[str, list[float]] = {k: [] for k in ctx}
+    with torch.no_grad():
+        for r in range(repeats + 1):  # the first round is a warm-up
+            for name in (ctx if r % 2 == 0 else reversed(ctx)):
+                t = time.process_time()
+                with ctx[name]():
+                    prefill(model, [q.prompt_ids for q in reqs], pad, "cpu")
+                if r:
+                    times[name].append(time.process_time() - t)
+    print("prefill alone: " + ", ".join(f"{k} {statistics.median(v):.3f} CPU s ({min(v):.3f}-{max(v):.3f})"
+                                        for k, v in times.items()))
+
+
+def mismatch(model, tok, gen, reqs, max_tokens: int, name: str) -> None:
+    """Sample with ``gen`` (real EOS, temperature 1), teacher-force in float32 (the trainer's pass) and print the
+    per-token |Δ log p| statistics, the importance weights and ``mismatch/kl``."""
+    import torch
+
+    from groupwise.losses.mismatch import mismatch as mismatch_metrics
+    from groupwise.models.forward import completion_logprobs, pack
+    from groupwise.rollout.base import SamplingParams
+
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    with torch.no_grad():
+        out = gen.generate(reqs, SamplingParams(max_tokens=max_tokens, temperature=1.0),
+                           torch.Generator().manual_seed(123))
+        old, smp = [], []
+        for i in range(0, len(reqs), 16):  # 16 rows per forward
+            chunk = out[i:i + 16]
+            packed = pack([r.prompt_ids for r in reqs[i:i + 16]], [o.completion_ids for o in chunk], pad)
+            lp = completion_logprobs(model, packed, 1.0).logprobs
+            for j, o in enumerate(chunk):
+                old.append(lp[j, :len(o.completion_ids)].double())
+                smp.append(o.rollout_logprobs.double())
+    o, q = torch.cat(old), torch.cat(smp)
+    d = (o - q).abs()
+    w = torch.exp(o - q)
+    m = mismatch_metrics(o[None], q[None], torch.ones_like(o, dtype=torch.bool)[None], "token_truncate", 3.0)
+    print(f"mismatch {name} ({gen.decode_path}): {len(d)} tokens, {len(out)} rows; |Δ log p| mean {d.mean():.2e} "
+          f"p99 {d.quantile(0.99):.2e} max {d.max():.2e}; IS weight mean {w.mean():.4f}, over 3: "
+          f"{100 * float((w > 3).double().mean()):.3f}%; mismatch/kl {m.metrics['mismatch/kl'][0] / len(d):.2e}")
 
 
 if __name__ == "__main__":

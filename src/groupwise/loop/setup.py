@@ -87,11 +87,14 @@ def _generator(cfg: RunConfig, env: BuildEnv, policy: torch.nn.Module, tokenizer
 
 def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
     """The run's weight-sync check (``rollout.sync_check``); none with ``none`` or when the generator's log-probs are
-    scripted (``logprobs=False``: nothing to compare). The probe prompt is the task's first training problem."""
+    scripted (``logprobs=False``: nothing to compare). The probe prompt is the task's first training problem; the
+    tolerance's default follows the sampler's precision (``model.dtype``, or bfloat16 for the ``hf`` generator's
+    ``dtype: bf16``, whose probe gap is its rounding)."""
     r = cfg.rollout
     if r.sync_check == "none" or not catalog.entry(r.generator).logprobs:
         return None
-    return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, cfg.model.dtype),
+    sampler = "bfloat16" if getattr(r.generator.cfg, "dtype", "model") == "bf16" else cfg.model.dtype
+    return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, sampler),
                      encode(task.train[0], tokenizer, cfg.model.chat_template), tokenizer.pad_token_id)
 
 
