@@ -50,7 +50,8 @@ class HFConfig:
     under ``torch.autocast`` to bfloat16 (1.3-1.7x faster than in float32 on the real model). Only
     the sampler changes: the model's parameters are not touched, the update stays float32. For CPUs with
     bfloat16 matmul units (AVX512-BF16 / AMX) or GPUs. The rollout log-probs are then the bf16 sampler's, off
-    the trainer's float32 ones by the rounding (real model: mean |Δ log p| ~1e-2; ``mismatch/*`` logs it), so
+    the trainer's float32 ones by the rounding (real model: mean |Δ log p| 0.009-0.021 per token, p99 0.12-0.13;
+    ``mismatch/*`` logs it; decode 1.33-1.51x faster on an AVX512-BF16 CPU: docs/benchmarks.md), so
     pair it with ``loss.importance_sampling: {mode: token_truncate}`` (or ``sequence_truncate``); PPO's ratio is
     unaffected (π_old is the update's own forward), replayed rows' behaviour log-probs are the bf16 sampler's.
     Needs the fused decode: refused at build with ``decode: model`` or a model it does not cover (another model
