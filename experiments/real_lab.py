@@ -120,22 +120,32 @@ def _per(records: list[dict], key: str, k: int) -> dict:
     return out
 
 
-def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int) -> dict:
-    """The preconditions on the base model (module docstring), written to ``out_dir/preconditions.json``."""
+def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int, temperature: float = 1.0) -> dict:
+    """The preconditions on the base model (module docstring), written to ``out_dir/preconditions.json``
+    (``preconditions_T<t>.json`` at another sampling temperature; ``teacher_n`` 0 skips the teacher)."""
     import torch
 
     from groupwise.config import load
     from groupwise.eval import evaluate_run
+    from groupwise.eval.evaluate import summarize
     from groupwise.loop.setup import build
     from groupwise.teachers import privileged_problem
 
     torch.set_num_threads(1)
     t0 = time.time()
-    p = build(load(RECIPE, ["trainer.threads=1", f"task.test_size={n}"]), train=False)
+    # 128-row generation passes: ~2.5 GB of KV buffer, so the check fits beside two training runs
+    p = build(load(RECIPE, ["trainer.threads=1", f"task.test_size={n}", "rollout.generator.max_batch_rows=128"]),
+              train=False)
     problems = list(p.task.test)[:n]
-    m, records = evaluate_run(p, problems, k=k, greedy=True)
-    (out_dir / "base_records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    res: dict = {"recipe": RECIPE, "n": n, "k": k, "eval_s": time.time() - t0}
+    tag = "" if temperature == 1.0 else f"_T{temperature:g}"
+    saved = out_dir / f"base_records_n{n}_k{k}{tag}.jsonl"  # the student's eval, kept if a later part is stopped
+    if saved.exists():
+        records = [json.loads(x) for x in saved.read_text().splitlines()]
+        m = summarize(records, k)
+    else:
+        m, records = evaluate_run(p, problems, k=k, greedy=True, temperature=temperature)
+        saved.write_text("".join(json.dumps(r) + "\n" for r in records))
+    res: dict = {"recipe": RECIPE, "n": n, "k": k, "temperature": temperature, "eval_s": time.time() - t0}
     res["overall"] = {x: m[f"eval/{x}"] for x in ("mean_at_k", "pass_at_k", "greedy_acc", "format_frac",
                                                   "len_mean", "truncated_frac")}
     by_problem: dict[str, list[bool]] = defaultdict(list)
@@ -150,6 +160,9 @@ def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int) -> dict:
     lengths = sorted(r["length"] for r in records if not r["greedy"])
     res["lengths"] = {"min": lengths[0], "p10": lengths[len(lengths) // 10], "p50": lengths[len(lengths) // 2],
                       "p90": lengths[9 * len(lengths) // 10], "max": lengths[-1]}
+    if not teacher_n:
+        (out_dir / f"preconditions{tag}.json").write_text(json.dumps(res, indent=1))
+        return res
     t1 = time.time()
     view = [privileged_problem(x, TEACHER_CONTEXT) for x in problems[:teacher_n]]
     tm, trec = evaluate_run(p, view, k=k, greedy=True)
@@ -160,7 +173,7 @@ def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int) -> dict:
     res["divergence"] = divergence(p, problems[:div_n], 4, p.cfg.rollout.max_completion_tokens,
                                    context=TEACHER_CONTEXT)
     res["teacher_s"] = time.time() - t1
-    (out_dir / "preconditions.json").write_text(json.dumps(res, indent=1))
+    (out_dir / f"preconditions{tag}.json").write_text(json.dumps(res, indent=1))
     return res
 
 
@@ -184,6 +197,8 @@ def check_report(res: dict) -> str:
     lines += [_row(d, v) for d, v in res["by_difficulty_all_forms"].items()]
     lines += ["\n", head.format("form")]
     lines += [_row(f, v) for f, v in res["by_form"].items()]
+    if "teacher_view_by_form" not in res:
+        return "".join(lines)
     lines += ["\n", head.format("teacher view, form")]
     lines += [_row(f, v) for f, v in res["teacher_view_by_form"].items()]
     lines += ["\n", head.format("student, same problems, form")]
@@ -247,14 +262,16 @@ def main() -> None:
         p.add_argument("--k", type=int, default=8, help="samples per problem for --check")
         p.add_argument("--teacher-n", type=int, default=96)
         p.add_argument("--div-n", type=int, default=64)
+        p.add_argument("--temperature", type=float, default=1.0, help="--check's sampling temperature")
         p.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run (default: all)")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.check:
-        res = (json.loads((out_dir / "preconditions.json").read_text()) if args.report_only
-               else check(out_dir, args.n, args.k, args.teacher_n, args.div_n))
+        tag = "" if args.temperature == 1.0 else f"_T{args.temperature:g}"
+        res = (json.loads((out_dir / f"preconditions{tag}.json").read_text()) if args.report_only
+               else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature))
         print(check_report(res))
         return
     arms = {a: ARMS[a] + COMMON for a in (args.arms or ARMS)}
