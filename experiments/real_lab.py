@@ -60,16 +60,19 @@ result is committed as it finishes, and the table below says what is done and wh
     PYTHONPATH=src python experiments/real_lab.py --jobs 2 --arms grpo grpo_2ep --seeds 0 1 2
     PYTHONPATH=src python experiments/real_lab.py --report-only
 
-Running table (updated as runs finish):
+Running table (updated as runs finish; done / left):
 
-| step | status |
-|---|---|
-| preconditions on the base model (``--check``) | see docs/results.md, "The real-model lab" |
-| GRPO, GRPO with ``optim.ppo_epochs=2`` (3 seeds each) | not run yet |
-| QLPO, ACOER (+ all-answer length penalty), DRE, think modes, HDR vs FIFO | not run yet |
-| OPSD / DASH-OPSD, RLCSD, DistIL, PivotTrace, GARL / PAFT, LamPO, RREDCoT, DASH drift, GraphPO | not run yet |
-| Agon, FGRPO (LoRA) | not run yet |
-| transfer check (harder set, ``plain`` form) | not run yet |
+- DONE 2026-12-06: preconditions of the first design on the base model (``--check``): NOT met. Easiest level 0.19
+  greedy, length 1.3x across difficulty, 28% of samples loop to the cap, 86% zero-variance groups, two of the four
+  forms at 0 (docs/results.md, "The real-model lab").
+- STOPPED: GRPO seed 0 on the first design, at step 27 of 60: it drifts (training correctness 0.05 -> 0.02, length
+  43 -> 60 tokens, capped 15% -> 37%).
+- STOPPED: ``--check --temperature 0.7 --teacher-n 0`` (the machine was needed for the test suite).
+- LEFT, next: a format warm-up (SFT of the adapter on running-total traces in every training form), then ``--check``.
+- LEFT: GRPO and GRPO with ``optim.ppo_epochs=2`` (3 seeds each), once a setting meets the preconditions.
+- LEFT: QLPO, ACOER (+ the all-answer length penalty), DRE, think modes, HDR vs FIFO, OPSD / DASH-OPSD, RLCSD,
+  DistIL, PivotTrace, GARL / PAFT, LamPO, RREDCoT, DASH drift, GraphPO; Agon and FGRPO with LoRA.
+- LEFT: the transfer check (a harder held-out set; the ``plain`` form).
 """
 
 from __future__ import annotations
