@@ -212,13 +212,15 @@ class Learner:
                     ref: torch.nn.Module | None = None, teacher: Any = None) -> Learner:
         """A learner for the built loss ``terms`` (``setup.loss_terms``) with ``cfg``'s optimizer and rollout
         settings."""
-        site = dropout_in_training(policy) if cfg.optim.shared_prefix else None
-        if site is not None:
-            raise ConfigError(f"optim.shared_prefix (the default) with a policy that drops out in training ({site}): "
-                              "the rows of a prompt would share one dropout mask over it, not the unshared update; "
-                              "set optim.shared_prefix=false, or turn the dropout off")
-        optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.trainer.steps)
-        settings = UpdateSettings(cfg.loss.reduction, cfg.optim, cfg.rollout.temperature,
+        asked = cfg.optim.shared_prefix  # None: on where it is exact (the default); True: on, or refused
+        site = dropout_in_training(policy) if asked is not False else None
+        if site is not None and asked:
+            raise ConfigError(f"optim.shared_prefix=true with a policy that drops out in training ({site}): the rows "
+                              "of a prompt would share one dropout mask over it, not the unshared update; allowed: "
+                              "optim.shared_prefix=null (the default: off for such a policy) or false, or no dropout")
+        optim = dataclasses.replace(cfg.optim, shared_prefix=asked is not False and site is None)
+        optimizer, scheduler = build_optimizer(policy, optim, cfg.trainer.steps)
+        settings = UpdateSettings(cfg.loss.reduction, optim, cfg.rollout.temperature,
                                   cfg.rollout.max_completion_tokens, pad_id, cfg.loss.importance_sampling)
         return Learner(policy, optimizer, scheduler, terms, settings, ref, teacher)
 

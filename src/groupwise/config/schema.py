@@ -243,7 +243,7 @@ class OptimConfig:
     micro_batch_tokens: int = 8192
     """Token budget (padded prompt + completion) per forward/backward micro-batch."""
     ppo_epochs: int = 1
-    shared_prefix: bool = True
+    shared_prefix: bool | None = None
     """Run each distinct prompt of a micro-batch once in the update's passes (policy, KL reference, behaviour
     log-probs of asynchronous rollouts, stored-sample log-probs for replay and the like): the G completions of a
     group share their prompt's forward and its share of the backward (``forward.shared_prefix_logprobs``), and the
@@ -251,9 +251,10 @@ class OptimConfig:
     the unshared pass up to float summation order (``tests/unit/update/test_shared_prefix.py``: full fine-tuning,
     LoRA, the KL reference, left-padded prompts of different lengths; ``test_fsdp.py``, ``test_common_prefix.py``),
     so it is on by default; false runs every row's prompt (for measuring the saving, benchmarks/levers.py). Under
-    FSDP the common prefix is not run apart (each pass must make as many model calls on every rank). Refused at
-    build for a policy with dropout in training (a LoRA ``dropout`` > 0, or the model's own): the rows of a prompt
-    would share one dropout mask over it, which the unshared update does not."""
+    FSDP the common prefix is not run apart (each pass must make as many model calls on every rank). A policy with
+    dropout in training (a LoRA ``dropout`` > 0, or the model's own, e.g. GPT-2's 0.1) would share one dropout mask
+    over a prompt's rows, which the unshared update does not: null (the default) is on except there, where it runs
+    the unshared update; true asks for it and is refused there, in one line."""
     skip_inert_rows: bool = True
     """Rows that can carry no loss (all loss weights 0, or all-zero advantages under ``advantage_only`` terms) skip
     their forward and backward; false runs them anyway: the same update, for measuring the saving

@@ -139,20 +139,22 @@ def test_a_lora_update_with_its_kl_reference_is_the_unshared_one(tokenizer):
     assert max(float(g.abs().max()) for g in plain.values()) > 1e-3, "a vanishing gradient would make this vacuous"
 
 
-def test_a_policy_with_dropout_refuses_the_shared_prefix(tokenizer):
+def test_a_policy_with_dropout_runs_the_unshared_update_by_default_and_refuses_an_explicit_shared_prefix(tokenizer):
     """Under dropout the rows of a prompt would share one dropout mask over it, which the unshared update does
-    not: a one-line error at build, which names the dropout and the way out."""
+    not: the default (null) resolves to the unshared update there and to the shared one elsewhere; an explicit true
+    is a one-line error at build, which names the dropout and the way out."""
     pytest.importorskip("peft")
     import support
 
     from groupwise.registry import ConfigError
 
     policy = lora_policy(tokenizer, dropout=0.1)
-    with pytest.raises(ConfigError, match=r"^optim.shared_prefix \(the default\) with a policy that drops out in "
-                                          r"training \(.*lora_dropout.* \(p=0.1\)\).*optim.shared_prefix=false"):
-        support.learner(policy, tokenizer)
-    support.learner(policy, tokenizer, ["optim.shared_prefix=false"])
-    support.learner(lora_policy(tokenizer), tokenizer)  # no dropout: accepted
+    with pytest.raises(ConfigError, match=r"^optim.shared_prefix=true with a policy that drops out in "
+                                          r"training \(.*lora_dropout.* \(p=0.1\)\).*optim.shared_prefix=null"):
+        support.learner(policy, tokenizer, ["optim.shared_prefix=true"])
+    assert support.learner(policy, tokenizer).settings.optim.shared_prefix is False  # the default: unshared here
+    assert support.learner(policy, tokenizer, ["optim.shared_prefix=false"]).settings.optim.shared_prefix is False
+    assert support.learner(lora_policy(tokenizer), tokenizer).settings.optim.shared_prefix is True  # no dropout
 
 
 def test_planning_counts_a_prompt_once_and_keeps_its_rows_together(tokenizer):
