@@ -14,7 +14,9 @@ space can exhaust the retries). reasoning-gym is an optional extra (``pip instal
 task reads it (the last ``<answer>``, else the last top-level ``\\boxed{}``, else ``#### x``:
 ``math_answers.extract_answer``) and compared with the gold answer by ``math_answers.answers_match``
 (string, then math-verify), all or nothing: no substring credit. ``few_shot`` puts worked examples before
-every question as earlier chat turns (both tasks have it: ``tasks/base.py``).
+every question as earlier chat turns (both tasks have it: ``tasks/base.py``); ``prompt_forms`` asks in several
+forms, one or more held out of training. ``reference: running_totals`` gives + / - chains a worked reference (the
+SFT target of ``sft_examples`` and a privileged teacher's ``{reference}``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import dataclasses
 import difflib
 import importlib.util
 import random
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -116,6 +119,11 @@ class GymConfig:
     scorer only."""
     difficulty_key: str = "difficulty"
     """Metadata key read as ``Problem.difficulty`` when its value is a number (e.g. ``num_terms``), else 0."""
+    reference: Literal["none", "running_totals"] = "none"
+    """``running_totals``: each problem's ``reference`` (the SFT target of ``sft_examples``, a privileged teacher's
+    ``{reference}``) is its chain worked left to right, ``"8 + 6 = 14. 14 - 3 = 11. The final answer is
+    \\boxed{11}."``, built from the entry's ``metadata.expression`` (integers joined by ``+`` and ``-``: e.g.
+    ``basic_arithmetic`` without parentheses or ``chain_sum``); an entry of another form is refused."""
 
     def __post_init__(self) -> None:
         if not self.dataset:
@@ -130,6 +138,8 @@ class GymConfig:
             raise ValueError(f"scorer={self.scorer!r}: allowed dataset, math_verify")
         if not 0.0 < self.min_score <= 1.0:
             raise ValueError(f"min_score={self.min_score}: allowed 0 < min_score <= 1")
+        if self.reference not in ("none", "running_totals"):
+            raise ValueError(f"reference={self.reference!r}: allowed none, running_totals")
         # Names and option keys are checked here when reasoning-gym is installed, so a recipe fails at load
         # time with its file:line; without it, building the task raises the install hint instead.
         if importlib.util.find_spec("reasoning_gym") is not None:
@@ -205,11 +215,13 @@ class GymTask:
         difficulty = entry.get("metadata", {}).get(self.cfg.difficulty_key)
         number = isinstance(difficulty, int | float) and not isinstance(difficulty, bool)
         form = self._form(split, i)
+        reference = running_totals(entry, self.cfg.dataset) if self.cfg.reference == "running_totals" else ""
         return Problem(
             id=f"{self.name}/{split}/{i}",
             prompt=form.prompt(question) if form else chat_prompt(question, self.cfg.system_prompt,
                                                                   self.cfg.few_shot),
             answer=str(entry["answer"]),
+            reference=reference,
             difficulty=int(difficulty) if number else 0,
             meta={"entry": entry} | ({"form": form.name} if form else {}),
         )
@@ -243,10 +255,35 @@ class GymTask:
         return self.score(problem, completion) >= self.cfg.min_score
 
     def sft_examples(self, rng: random.Random, n: int) -> list[tuple[Problem, str]]:
-        raise NotImplementedError(
-            f"reasoning_gym task {self.cfg.dataset!r} has no reference solutions to warm "
-            "start from; use the lab task or a jsonl task with reference_key"
-        )
+        """(problem, reference) pairs of random train problems, with ``reference: running_totals``."""
+        if self.cfg.reference == "none":
+            raise NotImplementedError(
+                f"reasoning_gym task {self.cfg.dataset!r} has no reference solutions to warm start from "
+                "(reference: running_totals builds them for + / - chains); or use the lab task or a jsonl task "
+                "with reference_key"
+            )
+        return [(p, p.reference) for p in (self.train[rng.randrange(len(self.train))] for _ in range(n))]
+
+
+_TERM = re.compile(r"\s*([+-])\s*(\d+)")
+
+
+def running_totals(entry: dict[str, Any], dataset: str) -> str:
+    """The chain in ``entry["metadata"]["expression"]`` worked left to right, one running total a sentence, and the
+    boxed result (which must equal the entry's answer)."""
+    expr = str(entry.get("metadata", {}).get("expression", ""))
+    first = re.match(r"\s*(-?\d+)", expr)
+    terms = _TERM.findall(expr[first.end():]) if first else []
+    if not first or not terms or "".join(f"{op}{n}" for op, n in terms) != re.sub(r"\s", "", expr[first.end():]):
+        raise ValueError(f"reference=running_totals: {dataset} expression {expr!r} is not integers joined by + and -")
+    total, steps = int(first.group(1)), []
+    for op, n in terms:
+        new = total + int(n) if op == "+" else total - int(n)
+        steps.append(f"{total} {op} {n} = {new}.")
+        total = new
+    if str(total) != str(entry["answer"]).strip():
+        raise ValueError(f"reference=running_totals: {expr!r} gives {total}, the entry's answer is {entry['answer']!r}")
+    return " ".join(steps) + f" The final answer is \\boxed{{{total}}}."
 
 
 def _question(p: Problem) -> str:

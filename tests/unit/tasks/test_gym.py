@@ -9,7 +9,7 @@ pytest.importorskip("reasoning_gym")
 from groupwise.registry import BuildEnv  # noqa: E402
 from groupwise.tasks import TASKS  # noqa: E402
 from groupwise.tasks.base import PromptForm  # noqa: E402
-from groupwise.tasks.gym import DEFAULT_SYSTEM_PROMPT, GymConfig, GymTask  # noqa: E402
+from groupwise.tasks.gym import DEFAULT_SYSTEM_PROMPT, GymConfig, GymTask, running_totals  # noqa: E402
 
 TINY = {
     "max_digits": 1,
@@ -174,6 +174,31 @@ def test_difficulty_key_reads_numeric_metadata():
     assert any(p.difficulty > 0 for p in task.test)
 
 
+def test_running_totals_reference_works_the_chain_left_to_right():
+    entry = {"answer": "17", "metadata": {"expression": "25 - 47 + 9 + 30"}}  # 25-47 = -22, +9 = -13, +30 = 17
+    assert running_totals(entry, "basic_arithmetic") == (
+        "25 - 47 = -22. -22 + 9 = -13. -13 + 30 = 17. The final answer is \\boxed{17}.")
+    assert running_totals({"answer": "-4", "metadata": {"expression": "-1 - 3"}}, "x") == (
+        "-1 - 3 = -4. The final answer is \\boxed{-4}.")
+    for expr, answer, message in [("4 * 3 - 1", "11", "not integers joined by"), ("7", "7", "not integers joined by"),
+                                  ("(2 + 3) - 1", "4", "not integers joined by"), ("2 + 3", "6", "gives 5")]:
+        with pytest.raises(ValueError, match=message):
+            running_totals({"answer": answer, "metadata": {"expression": expr}}, "basic_arithmetic")
+
+
+def test_reference_running_totals_fills_problems_and_sft_examples():
+    chains = {"max_terms": 4, "max_digits": 2, "operators": ("+", "-"), "allow_parentheses": False,
+              "allow_negation": False}
+    task = GymTask(GymConfig(size=20, test_size=4, reference="running_totals", dataset_args=chains), seed=0)
+    for p in [*task.test, *task.train[:5]]:
+        assert p.reference.endswith(f"\\boxed{{{p.answer}}}.") and p.reference.count(" = ") >= 1
+    pairs = task.sft_examples(random.Random(0), 3)
+    assert len(pairs) == 3 and all(text == p.reference for p, text in pairs)
+    assert GymTask(GymConfig(size=2, test_size=1), 0).test[0].reference == ""  # none: no reference
+    with pytest.raises(ValueError, match=r"reference=running_totals: basic_arithmetic expression .* is not integers"):
+        GymTask(GymConfig(size=2, test_size=8, reference="running_totals"), 0)  # parentheses by default: refused
+
+
 def test_sft_examples_not_available():
     with pytest.raises(NotImplementedError, match="no reference solutions"):
         GymTask(GymConfig(size=2, test_size=1), 0).sft_examples(random.Random(0), 1)
@@ -198,6 +223,7 @@ def test_sft_examples_not_available():
         ({"min_score": 0.0}, r"min_score=0.0"),
         ({"min_score": 1.5}, r"min_score=1.5"),
         ({"scorer": "exact"}, r"scorer='exact': allowed dataset, math_verify"),
+        ({"reference": "steps"}, r"reference='steps': allowed none, running_totals"),
         ({"few_shot": (("Calculate 1 + 1.",),)}, r"few_shot\.0: allowed a \[question, worked answer\] pair"),
         (
             {"few_shot": (("Calculate 1 + 1.", " "),)},
