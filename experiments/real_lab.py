@@ -68,7 +68,8 @@ Running table (updated as runs finish; done / left):
 - STOPPED: GRPO seed 0 on the first design, at step 27 of 60: it drifts (training correctness 0.05 -> 0.02, length
   43 -> 60 tokens, capped 15% -> 37%).
 - STOPPED: ``--check --temperature 0.7 --teacher-n 0`` (the machine was needed for the test suite).
-- LEFT, next: a format warm-up (SFT of the adapter on running-total traces in every training form), then ``--check``.
+- LEFT, next: a format warm-up (SFT of the adapter on running-total traces in every training form; the traces exist:
+  ``task.reference: running_totals``; real-model warm starts do not), then ``--check``.
 - LEFT: GRPO and GRPO with ``optim.ppo_epochs=2`` (3 seeds each), once a setting meets the preconditions.
 - LEFT: QLPO, ACOER (+ the all-answer length penalty), DRE, think modes, HDR vs FIFO, OPSD / DASH-OPSD, RLCSD,
   DistIL, PivotTrace, GARL / PAFT, LamPO, RREDCoT, DASH drift, GraphPO; Agon and FGRPO with LoRA.
