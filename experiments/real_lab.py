@@ -173,7 +173,8 @@ def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int, temperature
     tm, trec = evaluate_run(p, view, k=k, greedy=True)
     res["teacher_view"] = {x: tm[f"eval/{x}"] for x in ("mean_at_k", "pass_at_k", "greedy_acc", "format_frac")}
     res["teacher_view_by_form"] = _per(trec, "form", k)
-    student = _per([r for r in records if r["id"] in {x.id for x in view}], "form", k)
+    ids = {x.id for x in view}
+    student = _per([r for r in records if r["id"] in ids], "form", k)
     res["student_same_problems_by_form"] = student
     res["divergence"] = divergence(p, problems[:div_n], 4, p.cfg.rollout.max_completion_tokens,
                                    context=TEACHER_CONTEXT)

@@ -87,6 +87,8 @@ def check_prompt_forms(forms: tuple[PromptForm, ...], eval_form: str) -> None:
         raise ValueError(f"prompt_forms: names must be unique, got {names}")
     if forms and not any(f.train for f in forms):
         raise ValueError("prompt_forms: at least one form must have train: true")
+    if eval_form and not forms:
+        raise ValueError(f"eval_form={eval_form!r}: names one of prompt_forms, and there are none; allowed: ''")
     if eval_form and eval_form not in names:
         raise ValueError(f"eval_form={eval_form!r}: allowed '' (cycle every form) or one of {', '.join(names)}")
 

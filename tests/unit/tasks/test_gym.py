@@ -123,6 +123,7 @@ def test_prompt_forms_train_draws_training_forms_and_eval_cycles_every_form():
     ({"prompt_forms": FORMS, "eval_form": "chat"}, r"eval_form='chat': allowed '' \(cycle every form\) or one of "
                                                   r"shots, words, plain"),
     ({"prompt_forms": FORMS, "few_shot": (("a", "b"),)}, r"few_shot: give worked examples inside each of"),
+    ({"eval_form": "plain"}, r"eval_form='plain': names one of prompt_forms, and there are none; allowed: ''"),
 ])
 def test_prompt_form_errors_are_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as e:
