@@ -29,7 +29,7 @@ from groupwise.rollout.base import (
     close,
     release,
 )
-from groupwise.rollout.sync_check import Probe, SyncCheck
+from groupwise.rollout.sync_check import Probe, SyncCheck, shares
 from groupwise.seeding import stable_seed
 from groupwise.select import Selector
 from groupwise.tasks.base import Task, render_prompt
@@ -43,8 +43,8 @@ class CountingGenerator:
     (reset by the driver each step). With a ``check`` (``rollout.sync_check``) it verifies, after every
     ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
     (``rollout/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
-    parameters: the ``hf`` generator; ``Generator``); the last ``probe`` is what a Ray worker sends back
-    (``loop/workers.py``).
+    parameters: the ``hf`` generator; ``Generator``) and the claim holds (``sync_check.shares``; a false claim is
+    probed as a copy); the last ``probe`` is what a Ray worker sends back (``loop/workers.py``).
     The probe's generation goes to ``engine`` (default ``inner``; under ``rollout.tools``, the engine inside the
     tool loop, so a probe never calls a tool) directly: it is not counted and draws from none of the run's
     streams."""
@@ -72,12 +72,14 @@ class CountingGenerator:
     def sync_weights(self, model, check_shared: bool = False) -> None:
         """``check_shared``: probe also an engine that shares ``model``'s parameters (a Ray worker: its policy
         came from the driver, and the probe is what the driver compares with its own)."""
-        shared = self.inner.sync_weights(model) is True
+        claimed = self.inner.sync_weights(model) is True
+        shared = claimed and shares(self.engine, model)
         if self.check is not None and (check_shared or not shared):
-            self._verify(model)
+            self._verify(model, false_claim=claimed and not shared)
 
-    def _verify(self, model, logged: bool = True) -> None:
-        self.probe = self.check.verify(f"generator '{self.name}'", self.engine, model,
+    def _verify(self, model, logged: bool = True, false_claim: bool = False) -> None:
+        said = " (its sync_weights returned True, yet it does not share the trainer's parameters)"
+        self.probe = self.check.verify(f"generator '{self.name}'{said if false_claim else ''}", self.engine, model,
                                        lambda: self.inner.sync_weights(model), logged)
 
     def release(self) -> None:
@@ -234,8 +236,10 @@ class Pipeline:
         got = [c.metrics() for c in checks if c is not None]
         if got:
             out.update({"sync/failures": sum(g["sync/failures"] for g in got),
-                        "sync/probe_dlogp": max(g["sync/probe_dlogp"] for g in got),
                         "perf/sync_check_s": sum(g["perf/sync_check_s"] for g in got)})
+            gaps = [g["sync/probe_dlogp"] for g in got if "sync/probe_dlogp" in g]
+            if gaps:  # only a probe that ran has a gap (``SyncCheck.metrics``)
+                out["sync/probe_dlogp"] = max(gaps)
         if self.teacher is not None:
             out.update(self.teacher.metrics())
         return out

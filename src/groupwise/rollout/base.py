@@ -44,7 +44,9 @@ class Generator(Protocol):
     ``sync_weights`` is called after every optimizer step (a no-op when the generator shares the
     training model's parameters, as the ``hf`` backend does); it returns True only when the engine samples from
     ``model``'s own parameters, so nothing can go stale and the weight-sync check (``rollout/sync_check.py``)
-    skips its probe; any other return (None) means "probe me": an engine holding a copy must not return True.
+    skips its probe; any other return (None) means "probe me": an engine holding a copy must not return True (the
+    check verifies the claim, ``sync_check.shares``: the engine's ``model`` holds ``model``'s parameter storage;
+    an engine without one, or a false claim, is probed as a copy).
     Two optional methods, for engines that hold
     memory or processes (``vllm``): ``release()``, called when a step's rollout stage ends (free memory for
     the update; the next ``generate`` takes it back), and ``close()``, called once when the run ends.

@@ -25,8 +25,12 @@ Modes: ``error`` stops the run in one line naming the engine; ``resync`` (defaul
 ``sync/failures``, syncs again and probes again, and stops the run only if the engine is still stale;
 ``none`` checks nothing. A generator registered with ``logprobs=False`` (``fake``: scripted log-probs) is never
 checked. Cost: one greedy generate of ``PROBE_TOKENS`` tokens and one teacher-forced forward per probe
-(``perf/sync_check_s``); an engine whose ``sync_weights`` returns True samples from the trainer's own
-parameters (the ``hf`` generator) and is probed only before its first generation (``CountingGenerator``).
+(``perf/sync_check_s``); an engine whose ``sync_weights`` returns True claims to sample from the trainer's own
+parameters (the ``hf`` generator) and is probed only before its first generation (``CountingGenerator``), once the
+claim is verified (``shares``: its ``model`` holds the trainer's parameter storage); a claim that does not hold is
+a copy's, probed after every sync like one, and a stale probe's error says the engine returned True.
+``sync/probe_dlogp`` is logged only for a step with a probe after a sync: a step without one (a shared engine's)
+leaves it out, never logs 0 for a probe that did not run.
 """
 
 from __future__ import annotations
@@ -48,6 +52,18 @@ PROBE_TOKENS = 32
 DEFAULT_TOL = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
 """``sync_check_tol: 0``: the tolerance by ``model.dtype`` (fp32: ~3000x a good sync's measured gap, ~4-18x below a
 one-step-stale lab engine's; half precision: ~5x the expected bf16 noise)."""
+
+
+def shares(engine, model: torch.nn.Module) -> bool:
+    """Whether ``engine`` samples from ``model``'s own parameters, what a ``sync_weights`` returning True claims
+    (``Generator``): its ``model`` attribute is ``model``, or holds the same parameter storage (``data_ptr``). An
+    engine that shows no ``model`` cannot back the claim (False: it is probed as a copy)."""
+    own = getattr(engine, "model", None)
+    if own is model:
+        return True
+    if not isinstance(own, torch.nn.Module):
+        return False
+    return {p.data_ptr() for p in own.parameters()} == {p.data_ptr() for p in model.parameters()}
 
 
 class StaleEngineError(RunStopped):
@@ -94,7 +110,7 @@ class SyncCheck:
 
     def __init__(self, mode: str, tol: float, prompt_ids: Tensor, pad_id: int):
         self.mode, self.tol, self.prompt_ids, self.pad_id = mode, tol, prompt_ids, pad_id
-        self.failures, self.seconds, self.worst = 0, 0.0, 0.0
+        self.failures, self.seconds, self.worst, self.probed = 0, 0.0, 0.0, 0
 
     def stale(self, model: torch.nn.Module, p: Probe, logged: bool = True) -> float | None:
         """The probe's gap when it is over the tolerance (None: the engine holds the trainer's weights);
@@ -104,7 +120,7 @@ class SyncCheck:
             g = gap(model, p, self.pad_id)
         self.seconds += time.perf_counter() - t0
         if logged:
-            self.worst = max(self.worst, g)
+            self.worst, self.probed = max(self.worst, g), self.probed + 1
         return g if not g <= self.tol else None  # a NaN gap is stale too
 
     def failed(self, engine: str, g: float, retry: bool) -> None:
@@ -137,10 +153,12 @@ class SyncCheck:
 
     def metrics(self) -> dict[str, float]:
         """``sync/failures`` (stale probes this step, 0 normally), ``sync/probe_dlogp`` (the largest gap of the
-        step's probes after a sync), ``perf/sync_check_s``; reset for the next step."""
-        out = {"sync/failures": float(self.failures), "sync/probe_dlogp": self.worst,
-               "perf/sync_check_s": self.seconds}
-        self.failures, self.seconds, self.worst = 0, 0.0, 0.0
+        step's probes after a sync; absent when none ran: a 0 would read as a probe that passed),
+        ``perf/sync_check_s``; reset for the next step."""
+        out = {"sync/failures": float(self.failures), "perf/sync_check_s": self.seconds}
+        if self.probed:
+            out["sync/probe_dlogp"] = self.worst
+        self.failures, self.seconds, self.worst, self.probed = 0, 0.0, 0.0, 0
         return out
 
 

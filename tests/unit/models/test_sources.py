@@ -158,6 +158,33 @@ def test_a_failed_conversion_leaves_nothing_half_written(tmp_path, cache, monkey
     assert (sources.resolve(str(f)) / "model.safetensors").stat().st_size > 1000  # the next run converts it
 
 
+@pytest.mark.parametrize("damage", ["flip", "truncate", "no manifest"])
+def test_a_damaged_conversion_is_converted_again_with_one_line(tmp_path, cache, capsys, damage):
+    """The cache is checksummed as checkpoints are: bytes flipped inside the cached weights, a truncated file,
+    or an entry without a manifest (an older groupwise's) is removed and converted again, with one warning line,
+    never trained on and never a traceback."""
+    f = write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = sources.resolve(str(f))
+    weights = out / "model.safetensors"
+    good = weights.read_bytes()
+    if damage == "flip":
+        weights.write_bytes(good[:-64] + bytes(b ^ 0xFF for b in good[-64:]))  # inside the tensors, same size
+    elif damage == "truncate":
+        weights.write_bytes(good[:len(good) // 2])
+    else:
+        (out / sources.MANIFEST).unlink()
+    capsys.readouterr()
+    assert sources.resolve(str(f)) == out
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]  # (and transformers' bars)
+    why = {"flip": "model.safetensors: sha256 differs from manifest.json",
+           "truncate": f"model.safetensors is {len(good) // 2} bytes, manifest.json says {len(good)}",
+           "no manifest": "no manifest.json (converted by an older groupwise"}[damage]
+    assert len(err) == 1 and err[0].startswith(f"warning: {out}: {why}") and "converting tiny.gguf again" in err[0]
+    assert weights.read_bytes() == good and sources.cache_damage(out) is None and leftovers(cache) == [out.name]
+    load_model(ModelConfig(path=str(f)))  # loads (a truncated file was a SafetensorError traceback)
+    assert "warning:" not in capsys.readouterr().err
+
+
 def test_missing_gguf_file(tmp_path, cache):
     with pytest.raises(ConfigError, match=r"model\.path: GGUF file '.*nope\.gguf' does not exist"):
         sources.resolve(str(tmp_path / "nope.gguf"))

@@ -13,7 +13,7 @@ from groupwise.loop.setup import build
 from groupwise.loop.trainer import rl_step
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
-from groupwise.rollout.sync_check import PROBE_TOKENS, StaleEngineError, SyncCheck, tolerance
+from groupwise.rollout.sync_check import PROBE_TOKENS, StaleEngineError, SyncCheck, shares, tolerance
 from groupwise.types import Completion
 
 ARGS = ["model.warm_start=false", "trainer.threads=1", "trainer.record_groups=0", "rollout.prompts_per_step=4",
@@ -124,6 +124,31 @@ def test_an_engine_sharing_the_policy_is_probed_once(tmp_path):
     metrics = [rl_step(p, s) for s in range(2)]
     assert calls.count(1) == 1, "one probe (a single request), before the first rollout"
     assert metrics[1]["sync/failures"] == 0 and metrics[1]["perf/sync_check_s"] == 0
+
+
+def test_a_step_without_a_probe_logs_no_gap(tmp_path):
+    """A step whose engine was not probed after a sync (the shared ``hf`` engine: only its first generation is
+    probed, unlogged) leaves ``sync/probe_dlogp`` out: a 0 would read as a probe that ran and passed."""
+    p = pipeline(tmp_path)
+    metrics = [rl_step(p, s) for s in range(2)]
+    assert [("sync/probe_dlogp" in m, m["sync/failures"]) for m in metrics] == [(False, 0.0)] * 2
+    assert "sync/probe_dlogp" not in SyncCheck("error", 1e-3, torch.tensor([5]), 0).metrics()
+
+
+def test_a_claim_to_share_the_policy_is_verified(tmp_path):
+    """``sync_weights`` returning True is believed only when the engine's ``model`` holds the policy's parameter
+    storage; a copy that returns True ("the sync worked") is probed after every sync like any copy."""
+    p = pipeline(tmp_path, "rollout.sync_check=error")
+    assert shares(p.generator.engine, p.policy) and not shares(object(), p.policy)
+    assert not shares(type("E", (), {"model": copy.deepcopy(p.policy)})(), p.policy)
+    own_copy(p, lambda dst, src: True)  # claims to share, copies nothing
+    with pytest.raises(StaleEngineError, match=r"^rollout\.sync_check: generator 'hf' \(its sync_weights returned "
+                                               r"True, yet it does not share the trainer's parameters\) does not hold"):
+        rl_step(p, 0)
+    good = pipeline(tmp_path)
+    own_copy(good, lambda dst, src: (copy_weights(dst, src), True)[1])  # a working copy that returns True
+    metrics = [rl_step(good, s) for s in range(2)]
+    assert all(m["sync/failures"] == 0 and m["sync/probe_dlogp"] < 1e-5 for m in metrics)
 
 
 def test_a_sync_that_does_nothing_stops_the_run(tmp_path):
