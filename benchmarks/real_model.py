@@ -9,6 +9,9 @@ or the library's own generator and update, each measurement in a fresh process (
     PYTHONPATH=src python benchmarks/real_model.py memory --threads 2
     # what docs/benchmarks.md shows: steps at 1 thread (the experiments' setting)
     PYTHONPATH=src python benchmarks/real_model.py steps --threads 1 --steps 6
+    # today's defaults against those when the speed issue was filed, and the bf16 levers, on the real-model lab
+    PYTHONPATH=src python benchmarks/real_model.py steps --threads 2 --steps 6 --arms before lora bf16 \
+        --recipe recipes/smollm2_lab.yaml
     # the update under optim.autocast none vs bf16: CPU seconds, log-prob and gradient gaps
     PYTHONPATH=src python benchmarks/real_model.py autocast --threads 1 --repeats 3
 
@@ -56,6 +59,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/smollm2_math.yaml"
 ARMS = {"lora": [], "full": ["model.lora=null", "optim.lr=1e-5"]}
+# ``steps --arms before lora bf16``: the recipe under the defaults when the issue "A real-model step at least twice as
+# fast" was filed (each decode step the model's own forward), under today's defaults (``lora``: the fused decode
+# with the adapter folded in), and with both opt-in bf16 levers (generation and the update's passes in bfloat16,
+# with the importance-sampling correction their docs pair them with)
+STEP_ARMS = {**ARMS, "before": ["rollout.generator.decode=model"],
+             "bf16": ["rollout.generator.dtype=bf16", "optim.autocast=bf16",
+                      "loss.importance_sampling={mode: token_truncate}"]}
 
 
 def _env(threads: int) -> dict:
@@ -66,12 +76,12 @@ def _env(threads: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- steps
-def run_arm(arm: str, steps: int, threads: int, out_dir: Path, tag: str) -> dict:
-    overrides = [*ARMS[arm], f"trainer.steps={steps}", f"trainer.threads={threads}", "trainer.save_every=0",
+def run_arm(arm: str, steps: int, threads: int, out_dir: Path, tag: str, recipe: str = RECIPE) -> dict:
+    overrides = [*STEP_ARMS[arm], f"trainer.steps={steps}", f"trainer.threads={threads}", "trainer.save_every=0",
                  "trainer.progress=false", "trainer.sinks=[jsonl]", "trainer.record_groups=0",
                  "eval.before=false", "eval.after=false", f"name={tag}", f"out_dir={out_dir}"]
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "groupwise.cli", "train", RECIPE, *overrides, "--overwrite"],
+    proc = subprocess.run([sys.executable, "-m", "groupwise.cli", "train", recipe, *overrides, "--overwrite"],
                           cwd=ROOT, env=_env(threads), capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -93,14 +103,15 @@ def steps_main(a) -> dict:
     out_dir = Path(a.workdir or tempfile.mkdtemp(prefix="real_model-"))
     runs = []
     for r in range(a.repeats):
-        for arm in (ARMS if r % 2 == 0 else reversed(list(ARMS))):
+        for arm in (a.arms if r % 2 == 0 else reversed(a.arms)):
             print(f"[repeat {r + 1}/{a.repeats}] {arm} ...", file=sys.stderr, flush=True)
-            runs.append(run_arm(arm, a.steps, a.threads, out_dir, f"{arm}-{r}"))
-    lines = [f"recipes/smollm2_math.yaml, 8 prompts x 8, 48-token cap, {a.threads} thread(s), "
+            runs.append(run_arm(arm, a.steps, a.threads, out_dir, f"{arm}-{r}", a.recipe))
+    lines = [f"{a.recipe}, {a.threads} thread(s), "
              f"{a.steps} steps x {a.repeats} run(s) per arm (medians over steps 2..N, then over runs)", "",
              f"{'arm':<6} {'s/step':>7} {'generate':>9} {'reward':>7} {'update':>7} {'other':>6} "
              f"{'gen tok':>7} {'tok/s step':>10} {'tok/s gen':>9} {'rows trained':>12} {'peak RSS MB':>11}"]
-    for arm in ARMS:
+    medians = {}
+    for arm in a.arms:
         rs = [x for x in runs if x["arm"] == arm]
         m = {k: statistics.median(x[k] for x in rs) for k in rs[0] if isinstance(rs[0][k], float | int)}
         other = m["step_s"] - m["generate_s"] - m["reward_s"] - m["update_s"]
@@ -108,6 +119,12 @@ def steps_main(a) -> dict:
                      f"{m['update_s']:>7.2f} {other:>6.2f} {m['gen_tokens']:>7.0f} "
                      f"{m['tok_per_s_step']:>10.1f} {m['tok_per_s_gen']:>9.1f} {m['trained_rows']:>12.1f} "
                      f"{m['peak_rss_mb']:>11.0f}")
+        medians[arm] = m
+    first = a.arms[0]  # the ratios against the first arm: per step, and per generated token (samples differ)
+    lines += ["", f"against {first}: " + ", ".join(
+        f"{arm} {medians[first]['step_s'] / m['step_s']:.2f}x per step, "
+        f"{m['tok_per_s_step'] / medians[first]['tok_per_s_step']:.2f}x per generated token"
+        for arm, m in medians.items() if arm != first)]
     print("\n".join(lines))
     return {"runs": runs, "table": lines}
 
@@ -330,6 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
     s.add_argument("--steps", type=int, default=5)
     s.add_argument("--repeats", type=int, default=1)
     s.add_argument("--workdir")
+    s.add_argument("--arms", nargs="+", choices=list(STEP_ARMS), default=list(ARMS))
+    s.add_argument("--recipe", default=RECIPE)
     m = sub.add_parser("memory")
     m.add_argument("--rows", type=int, nargs="*", default=[64, 256, 512], help="none: skip generation")
     m.add_argument("--micro", type=int, nargs="*", default=[1024, 2048, 4096], help="none: skip the update")

@@ -125,6 +125,18 @@ def _per(records: list[dict], key: str, k: int) -> dict:
     return out
 
 
+def check_tag(cfg, task, temperature: float) -> str:
+    """The suffix of ``--check``'s files: the temperature, and a design with a format warm-up has its own files
+    (named by its warm start's key), never the base model's."""
+    from groupwise.models import sources
+    from groupwise.models.warm_start import warm_start_key
+
+    tag = "" if temperature == 1.0 else f"_T{temperature:g}"
+    if cfg.model.warm_start is True:
+        tag += "_warm" + warm_start_key(cfg.model.path, task, cfg.model, sources.resolve(cfg.model.path))[:8]
+    return tag
+
+
 def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int, temperature: float = 1.0) -> dict:
     """The preconditions on the base model (module docstring), written to ``out_dir/preconditions.json``
     (``preconditions_T<t>.json`` at another sampling temperature; ``teacher_n`` 0 skips the teacher)."""
@@ -142,7 +154,7 @@ def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int, temperature
     p = build(load(RECIPE, ["trainer.threads=1", f"task.test_size={n}", "rollout.generator.max_batch_rows=128"]),
               train=False)
     problems = list(p.task.test)[:n]
-    tag = "" if temperature == 1.0 else f"_T{temperature:g}"
+    tag = check_tag(p.cfg, p.task, temperature)
     saved = out_dir / f"base_records_n{n}_k{k}{tag}.jsonl"  # the student's eval, kept if a later part is stopped
     if saved.exists():
         records = [json.loads(x) for x in saved.read_text().splitlines()]
@@ -276,7 +288,12 @@ def main() -> None:
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.check:
-        tag = "" if args.temperature == 1.0 else f"_T{args.temperature:g}"
+        from groupwise import catalog
+        from groupwise.config import load
+        from groupwise.registry import BuildEnv
+
+        cfg = load(RECIPE)
+        tag = check_tag(cfg, catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed)), args.temperature)
         res = (json.loads((out_dir / f"preconditions{tag}.json").read_text()) if args.report_only
                else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature))
         print(check_report(res))

@@ -70,8 +70,10 @@ class ModelConfig:
     """A local Hugging Face model directory, or ``embedded:<preset>`` (lab-tiny ~0.8M, lab-small ~4.8M)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
-    warm_start: bool = True
-    """For embedded models: start from the cached SFT warm start on the task's reference traces."""
+    warm_start: bool | Literal["auto"] = "auto"
+    """Start from the cached SFT warm start on the task's reference traces (``models/warm_start.py``). ``auto``:
+    embedded models do, pretrained ones start as they are; ``true``: a pretrained model too (a format warm-up,
+    its LoRA adapter merged in when ``model.lora`` is set); ``false``: neither."""
     warm_start_steps: int = 600
     warm_start_lr: float = 1e-3
     warm_start_batch: int = 64

@@ -8,7 +8,8 @@ A local directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and no
 it loads, its parameter count (from the config, on the meta device) is checked against the memory available
 (``sources.check_memory``: weights, and for full fine-tuning gradients and AdamW state). A directory that does
 not load (a bad ``config.json``, a missing tokenizer) and a ``model.device`` this machine
-does not have are one-line ``ConfigError``s naming the key.
+does not have are one-line ``ConfigError``s naming the key. ``model.warm_start: true`` gives a pretrained model
+a format warm-up first (SFT on the task's reference traces, cached; ``warm_start.py``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def _load_base(cfg: ModelConfig, task, progress, train: bool = True):
             per_param = sources.training_bytes_per_param(cfg.dtype, cfg.lora is not None or not train)
             what = f"{'training' if train else 'loading'} '{cfg.path}' in {cfg.dtype}"
             sources.check_memory(n, per_param, what, "model.path", cfg.device)
+        if cfg.warm_start is True and cfg.warm_start_steps > 0:  # a format warm-up (SFT)
+            from groupwise.models.warm_start import ensure_warm_start
+
+            if lora.is_adapter_dir(path):
+                raise ConfigError(f"model.warm_start: true with model.path '{cfg.path}', a LoRA adapter: a warm start "
+                                  "starts from a model's weights; allowed: model.warm_start: auto or false here")
+            path = ensure_warm_start(cfg.path, task, cfg, progress, source=path)
         return load_pretrained(path, cfg.dtype, cfg.device)
     from groupwise.models import tiny
 

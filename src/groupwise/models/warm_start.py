@@ -1,4 +1,5 @@
-"""The SFT warm start for embedded models: packaged for every recipe's setting, else built and cached.
+"""The SFT warm start: packaged for every embedded recipe's setting, else built and cached; for a pretrained
+model, built on request (``model.warm_start: true``) and cached.
 
 Key = sha256 of (preset, task name, the task config's fields that differ from their defaults, steps, lr,
 batch, format version): adding a field with a default to a task config does not change existing keys, and a
@@ -13,6 +14,13 @@ machine writes), so the first run of a recipe starts RL at once; a missing key i
 cache, else built. ``python -m groupwise.models.warm_start recipes/*.yaml`` rebuilds and packages them
 (``tests/test_warm_starts_packaged.py`` fails when a recipe's setting has no packaged warm start).
 
+A pretrained model (``model.path`` a model directory, a ``.gguf`` or an alias) gets a warm start only when the
+recipe says ``model.warm_start: true`` (the default ``auto`` leaves it as it is): the same loop on the task's
+reference traces, training a LoRA adapter (seed 0) when ``model.lora`` is set (else every weight), the adapter
+then merged into the weights and saved as a plain model directory (``<name>-<key>``; the key adds the source path
+and ``model.lora``), so the RL run starts a fresh adapter on top of it and its reference model is the warmed-up
+policy. Use it as a format warm-up: a small model that cannot yet write a task's traces leaves RL no signal.
+
 The warm start uses a fixed seed: RL seeds vary the RL run, not the starting policy.
 Loss: token-mean cross-entropy on completion tokens (EOS included); AdamW (0.9, 0.95), linear warm-up
 over 10 steps then cosine decay; fresh procedural traces every step.
@@ -26,6 +34,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -67,18 +76,24 @@ def non_default(cfg) -> dict:
     return out
 
 
-def warm_start_key(preset: str, task, cfg: ModelConfig) -> str:
-    blob = json.dumps({"v": VERSION, "preset": preset, "task": task.name, "task_cfg": non_default(task.cfg),
-                       "steps": cfg.warm_start_steps, "lr": cfg.warm_start_lr, "batch": cfg.warm_start_batch},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def warm_start_key(preset: str, task, cfg: ModelConfig, source: Path | None = None) -> str:
+    """``source``: a pretrained model's directory (its path and ``model.lora`` join the key; embedded presets keep
+    their keys, which the packaged warm starts are named by)."""
+    fields = {"v": VERSION, "preset": preset, "task": task.name, "task_cfg": non_default(task.cfg),
+              "steps": cfg.warm_start_steps, "lr": cfg.warm_start_lr, "batch": cfg.warm_start_batch}
+    if source is not None:
+        fields.update(source=str(source), lora=to_dict(cfg.lora))
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None) -> Path:
+def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None, source: Path | None = None) -> Path:
+    """The warm start's model directory (built on a miss). ``preset``: the embedded preset, or a pretrained
+    model's name (``model.path``) with ``source`` its resolved directory."""
     if task is None or not hasattr(task, "sft_examples"):
         raise ValueError("a warm start needs a task with reference traces (sft_examples)")
     root = cache_root() / "warm_start"
-    final = root / f"{preset}-{warm_start_key(preset, task, cfg)}"
+    name = preset if source is None else re.sub(r"[^A-Za-z0-9._-]+", "_", Path(preset).name)
+    final = root / f"{name}-{warm_start_key(preset, task, cfg, source)}"
     try:
         root.mkdir(parents=True, exist_ok=True)
         lock = open(root / f".{final.name}.lock", "w")  # noqa: SIM115 (held while the warm start is made)
@@ -99,7 +114,7 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None) -> Pat
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
         try:
             packaged = packaged_root() / final.name
-            if (packaged / "model.safetensors").is_file():
+            if source is None and (packaged / "model.safetensors").is_file():
                 for name in FILES:
                     if (packaged / name).is_file():
                         shutil.copyfile(packaged / name, tmp / name)
@@ -107,31 +122,45 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None) -> Pat
                 if progress is not None:  # say why this run is slow once
                     print(f"building the warm start for this config ({cfg.warm_start_steps} SFT steps); it will be "
                           f"cached in {final}", flush=True)
-                model, tokenizer = sft(preset, task, cfg, progress)
+                model, tokenizer = sft(preset, task, cfg, progress, source)
                 model.save_pretrained(tmp, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
-                (tmp / "warm_start.json").write_text(json.dumps({"preset": preset, "task": to_dict(task.cfg),
-                                                                "steps": cfg.warm_start_steps}, indent=1))
+                (tmp / "warm_start.json").write_text(json.dumps(
+                    {"preset": preset, "source": None if source is None else str(source), "task": to_dict(task.cfg),
+                     "steps": cfg.warm_start_steps, "lr": cfg.warm_start_lr, "batch": cfg.warm_start_batch,
+                     "lora": to_dict(cfg.lora)}, indent=1))
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
-def sft(preset: str, task, cfg: ModelConfig, progress=None):
-    from groupwise.models import tiny
+def sft(preset: str, task, cfg: ModelConfig, progress=None, source: Path | None = None):
+    """SFT of the embedded preset from scratch, or (``source``) of a pretrained model: its LoRA adapter with
+    ``model.lora``, merged into the weights at the end, else every weight."""
+    if source is None:
+        from groupwise.models import tiny
 
-    tokenizer = tiny.build_tokenizer()
-    model = tiny.build_model(preset, tokenizer, seed=0)
+        tokenizer = tiny.build_tokenizer()
+        model = tiny.build_model(preset, tokenizer, seed=0)
+    else:
+        from groupwise.models import lora
+        from groupwise.models.load import load_pretrained
+
+        model, tokenizer = load_pretrained(source, "float32", "cpu")
+        if cfg.lora is not None:
+            model = lora.wrap(model, cfg.lora, seed=0)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter's
+    opt = torch.optim.AdamW(params, lr=cfg.warm_start_lr, betas=(0.9, 0.95), weight_decay=0.0)
     steps = cfg.warm_start_steps
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / steps)).item()))
     rng = random.Random(0)
     for step in range(steps):
         examples = task.sft_examples(rng, cfg.warm_start_batch)
-        prompts = [torch.tensor(tokenizer.encode(render_prompt(p, tokenizer), add_special_tokens=False))
+        prompts = [torch.tensor(tokenizer.encode(render_prompt(p, tokenizer, cfg.chat_template),
+                                                 add_special_tokens=False))
                    for p, _ in examples]
         completions = [torch.tensor(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
                        for _, text in examples]
@@ -139,12 +168,14 @@ def sft(preset: str, task, cfg: ModelConfig, progress=None):
         logprobs = completion_logprobs(model, packed).logprobs
         loss = -(logprobs * packed.completion_mask).sum() / packed.completion_mask.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         if progress is not None:
             progress(step + 1, steps, loss.item())
+    if source is not None and cfg.lora is not None:
+        model = model.merge_and_unload()
     model.eval()
     return model, tokenizer
 

@@ -1,0 +1,100 @@
+"""A pretrained model's format warm-up (``model.warm_start: true``): SFT of a LoRA adapter on the task's reference
+traces, merged into the weights and cached; the default ``auto`` leaves a pretrained model as it is."""
+
+import json
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from groupwise import catalog
+from groupwise.config import load
+from groupwise.models import lora
+from groupwise.models.forward import completion_logprobs, pack
+from groupwise.models.load import load_model, load_pretrained, save_model
+from groupwise.models.tiny import build_tokenizer
+from groupwise.registry import BuildEnv, ConfigError
+from groupwise.tasks.base import render_prompt
+
+pytest.importorskip("peft")
+
+
+@pytest.fixture
+def base_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+                                         eos_token_id=tok.eos_token_id))
+    save_model(model, tok, tmp_path / "base")
+    return tmp_path / "base"
+
+
+def setup(base_dir, *overrides):
+    cfg = load(None, [f"model.path={base_dir}", "model.lora={r: 4}", "model.warm_start_steps=30",
+                      "model.warm_start_batch=8", "model.warm_start_lr=1e-2", *overrides])
+    return cfg, catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+
+
+def sft_loss(model, tok, task) -> float:
+    """Token-mean NLL of 16 fixed reference traces (the warm start's own loss)."""
+    import random
+
+    examples = task.sft_examples(random.Random(123), 16)
+    packed = pack([torch.tensor(tok.encode(render_prompt(p, tok), add_special_tokens=False)) for p, _ in examples],
+                  [torch.tensor(tok.encode(t, add_special_tokens=False) + [tok.eos_token_id]) for _, t in examples],
+                  tok.pad_token_id)
+    with torch.no_grad():
+        lp = completion_logprobs(model, packed).logprobs
+    return float(-(lp * packed.completion_mask).sum() / packed.completion_mask.sum())
+
+
+def test_auto_leaves_a_pretrained_model_as_it_is(base_dir):
+    cfg, task = setup(base_dir)
+    assert cfg.model.warm_start == "auto"
+    policy, tok = load_model(cfg.model, task)
+    base, _ = load_pretrained(base_dir)
+    assert not (base_dir.parent / "cache" / "warm_start").exists()
+    assert sft_loss(policy, tok, task) == sft_loss(base, tok, task)
+
+
+def test_true_trains_the_adapter_on_the_traces_merges_it_and_caches_it(base_dir):
+    cfg, task = setup(base_dir, "model.warm_start=true")
+    calls = []
+    policy, tok = load_model(cfg.model, task, progress=lambda *a: calls.append(a))
+    assert len(calls) == 30 and lora.is_lora(policy)
+    (warm,) = (base_dir.parent / "cache" / "warm_start").glob("base-*")
+    meta = json.loads((warm / "warm_start.json").read_text())
+    assert meta["source"] == str(base_dir) and meta["lora"]["r"] == 4 and meta["steps"] == 30
+    base, _ = load_pretrained(base_dir)
+    merged, _ = load_pretrained(warm)
+    # the RL run's fresh adapter starts at the warmed-up weights (B = 0) ...
+    assert sft_loss(policy, tok, task) == pytest.approx(sft_loss(merged, tok, task), abs=1e-6)
+    # ... which fit the traces better than the base (measured: 4.66 -> 4.43 nats/token; a rank-4 adapter on a
+    # random 2-layer model learns slowly)
+    assert sft_loss(merged, tok, task) < sft_loss(base, tok, task) - 0.1
+    # only the adapter trained: the layers LoRA does not wrap (embeddings, norms, head) are the base's bytes
+    b, m = base.state_dict(), merged.state_dict()
+    assert b.keys() == m.keys()
+    for k in b:
+        linear = k.endswith("proj.weight")
+        assert torch.equal(b[k], m[k]) != linear, k
+    # a second load reuses the cache; another adapter shape is another warm start
+    load_model(cfg.model, task, progress=lambda *a: calls.append(a))
+    assert len(calls) == 30
+    cfg8, _ = setup(base_dir, "model.warm_start=true", "model.lora={r: 8}")
+    load_model(cfg8.model, task, progress=lambda *a: calls.append(a))
+    assert len(calls) == 60 and len(list((base_dir.parent / "cache" / "warm_start").glob("base-*"))) == 2
+
+
+def test_a_warm_start_of_an_adapter_is_refused(base_dir, tmp_path):
+    cfg, task = setup(base_dir)
+    policy, tok = load_model(cfg.model, task)
+    policy.save_pretrained(tmp_path / "adapter")
+    tok.save_pretrained(tmp_path / "adapter")
+    cfg, _ = setup(tmp_path / "adapter", "model.warm_start=true")
+    with pytest.raises(ConfigError, match=r"model.warm_start: true with model.path '.*adapter', a LoRA adapter.*"
+                                          r"allowed: model.warm_start: auto or false"):
+        load_model(cfg.model, task)
