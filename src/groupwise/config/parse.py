@@ -83,9 +83,9 @@ def _infinite_ok(cls: type, name: str, value: Any) -> bool:
 
 
 def _build(cls: type, raw: Any, path: tuple[str, ...], lines: _Lines) -> Any:
-    if not isinstance(raw, dict):
-        _fail(lines, path, f"expected a mapping of {cls.__name__} fields, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    if not isinstance(raw, dict):
+        _fail(lines, path, f"expected a mapping of {{{', '.join(fields)}}}, got {raw!r}{_hint(cls, raw, path)}")
     unknown = [k for k in raw if k not in fields]
     if unknown:
         _fail(lines, (*path, unknown[0]), f"unknown key; allowed: {', '.join(sorted(fields)) or '(none)'}")
@@ -116,6 +116,15 @@ def _build(cls: type, raw: Any, path: tuple[str, ...], lines: _Lines) -> Any:
             where = lines.where(_blame(path, raw, str(e)))
             raise ConfigError(f"{where + ': ' if where else ''}{e}") from None
         _fail(lines, path, str(e), at=_blame(path, raw, str(e)))
+
+
+def _hint(cls: type, raw: Any, path: tuple[str, ...]) -> str:
+    """'; did you mean a.b.mode=x?' where ``raw`` is one of the choices of exactly one field (a section given
+    its mode as a scalar), else ''."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init and typing.get_origin(hints[f.name]) is Literal
+             and raw in typing.get_args(hints[f.name])]
+    return f"; did you mean {_dotted((*path, names[0]))}={raw}?" if len(names) == 1 else ""
 
 
 def _build_spec(kind: str, raw: Any, path: tuple[str, ...] | str, lines: _Lines | dict) -> Spec:

@@ -1,10 +1,12 @@
+import dataclasses
 import math
 import re
+import typing
 
 import pytest
 import yaml
 
-from groupwise.config import RunConfig, load, to_dict
+from groupwise.config import RunConfig, Spec, load, to_dict
 from groupwise.registry import ConfigError, NoConfig, Registry
 
 
@@ -236,3 +238,27 @@ def test_diff_lists_the_dotted_keys_that_differ():
     assert diff(a, a) == [] and diff(to_dict(a), b) == diff(a, b)
     c = load("recipes/grpo_lab.yaml", ["advantage.name=rloo", "reward.terms=[correctness, format]"])
     assert diff(a, c) == ["reward.terms", "advantage.name", "advantage.eps", "advantage.ddof"]
+
+
+def test_a_section_given_a_scalar_names_its_fields_not_its_class(tmp_path):
+    """Issue 47 item 4. Before: 'expected a mapping of ImportanceSamplingConfig fields', a Python class name."""
+    msg = r"loss.importance_sampling: expected a mapping of \{mode, cap\}, got 'token_truncate'; " \
+          r"did you mean loss.importance_sampling.mode=token_truncate\?$"
+    with pytest.raises(ConfigError, match=msg):
+        load(None, ["loss.importance_sampling=token_truncate"])
+    with pytest.raises(ConfigError, match=r"r.yaml:2: model.lora: expected a mapping of \{r, alpha, .*\}, got 3$"):
+        load(write(tmp_path, "model:\n  lora: 3\n"))
+    sections = []  # every dataclass-typed section, nested ones included
+
+    def walk(cls, prefix):
+        for name, tp in typing.get_type_hints(cls).items():
+            tp = next((a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)), tp)  # X | None
+            if dataclasses.is_dataclass(tp) and tp is not Spec:
+                sections.append(prefix + name)
+                walk(tp, prefix + name + ".")
+    walk(RunConfig, "")
+    assert {"trainer", "loss.importance_sampling", "model.lora"} <= set(sections)
+    for section in sections:
+        with pytest.raises(ConfigError, match=rf"{section}: expected a mapping of \{{\w+.*\}}, got 5$") as e:
+            load(None, [f"{section}=5"])
+        assert "Config" not in str(e.value)
