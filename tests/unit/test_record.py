@@ -56,6 +56,24 @@ def test_at_most_n_groups_of_each_kind_per_step(tmp_path, tokenizer, lab):
     assert run_step(off, 0, groups, kept=groups)[0] == {} and not off.path.exists()
 
 
+def test_groups_with_a_learning_signal_are_recorded_first(tmp_path, tokenizer, lab):
+    """Issue 47 item 3. Before: the first ``n`` groups in generation order, so a step with reward 0.42 showed
+    only zero-advantage groups. Advantages here are GRPO's centring (reward − group mean): 0 on a uniform group."""
+    rec = Recorder(tmp_path, 2, tokenizer, lab)
+    groups = [group(tokenizer, pid, r) for pid, r in
+              [("a", [0, 0]), ("b", [1, 1]), ("c", [1, 0]), ("d", [0, 0]), ("e", [0, 1]), ("f", [1, 0])]]
+    seen = rec.seen(groups)
+    adv = torch.tensor([[s.reward - sum(t.reward for t in g.samples) / 2 for s in g.samples] for g in groups])
+    old = [Replayed(group(tokenizer, pid, r), torch.tensor(a, dtype=torch.float64)) for pid, r, a in
+           [("r0", [1, 1], [0, 0]), ("r1", [0, 0], [0, 0]), ("r2", [1, 0], [0.5, -0.5])]]
+    rec.record(0, groups, TokenBatch.build(groups, adv, old), old, seen)
+    picked = [(g["kind"], g["problem"]["id"]) for g in lines(rec)[0]["groups"]]
+    assert picked == [("trained", "c"), ("trained", "e"), ("replayed", "r0"), ("replayed", "r2")]
+    one = [groups[0], groups[1], groups[2]]  # one group with a signal: it, then the first without
+    rec.record(1, one, TokenBatch.build(one, adv[:3], []), [], rec.seen(one))
+    assert [g["problem"]["id"] for g in lines(rec)[1]["groups"]] == ["a", "c"]
+
+
 def test_resume_drops_the_lines_after_the_checkpoint_step(tmp_path, tokenizer, lab):
     rec = Recorder(tmp_path, 1, tokenizer, lab)
     for step in range(4):

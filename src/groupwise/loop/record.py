@@ -3,9 +3,10 @@ in ``<run_dir>/rollouts.jsonl`` (docs/inspect.md).
 
 Two hooks in ``trainer.rl_step``: ``seen(groups)`` after the reward stage and before the group transforms
 (which samples existed), and ``record(step, rollouts, tokens, replayed)`` after the update. Per step at most
-``trainer.record_groups`` groups of each kind are kept, in generation order: ``trained`` (fresh groups that
-reached the update), ``filtered`` (dropped by the filter stage), ``dropped`` (removed whole by a transform)
-and ``replayed`` (the groups behind the ``TokenBatch`` rows with ``replayed`` True). Each sample carries its
+``trainer.record_groups`` groups of each kind are kept, those with a learning signal (a non-zero advantage)
+picked first, in generation order: ``trained`` (fresh groups that reached the update), ``filtered`` (dropped
+by the filter stage), ``dropped`` (removed whole by a transform) and ``replayed`` (the groups behind the
+``TokenBatch`` rows with ``replayed`` True). Each sample carries its
 reward terms, correct / format flags and ``edited`` (``meta["dre_edited"]``); a sample that existed after the
 reward stage but not after the transforms (QLPO's over-generated ones, or the original of a DRE ``replace``
 edit) is kept next to its group with ``dropped`` True.
@@ -62,19 +63,20 @@ def prompt_text(problem: Problem) -> str:
 def pick(seen: list[tuple[Group, list[Sample]]], rollouts: list[Group], tokens: TokenBatch,
          replayed: list[Replayed], n: int) -> list[tuple[str, Group, list[Row]]]:
     """The groups to record, ``n`` per kind at most: (kind, group, rows); a group's rows are its samples, then
-    the ones a transform removed from it (``seen`` holds each group as it was after the reward stage)."""
+    the ones a transform removed from it (``seen`` holds each group as it was after the reward stage). Groups
+    with a learning signal (a non-zero advantage on a loss token of one of their rows) are picked before those
+    without (a step of mostly all-correct or all-wrong groups still shows what it learned from); the picked
+    ones keep generation order."""
     alive = {id(s) for g in rollouts for s in g.samples}
     origin = {id(s): i for i, (_, ss) in enumerate(seen) for s in ss}
     removed = {i: [s for s in ss if id(s) not in alive] for i, (_, ss) in enumerate(seen)}
     fresh = tokens.replayed.logical_not().tolist()
     row_of = {id(s): b for b, s in enumerate(tokens.samples) if fresh[b]}
-    out: list[tuple[str, Group, list[Row]]] = []
-    count = dict.fromkeys(KINDS, 0)
+    signal = (tokens.advantages != 0).logical_and(tokens.completion_mask).any(dim=1).tolist()
+    candidates: list[tuple[str, Group, list[Row]]] = []
 
     def take(kind: str, g: Group, rows: list[Row]) -> None:
-        if count[kind] < n:
-            count[kind] += 1
-            out.append((kind, g, rows))
+        candidates.append((kind, g, rows))
 
     for g in rollouts:
         i = next((origin[id(s)] for s in g.samples if id(s) in origin), None)
@@ -89,7 +91,12 @@ def pick(seen: list[tuple[Group, list[Sample]]], rollouts: list[Group], tokens: 
     for r in replayed:
         take("replayed", r.group, [(s, offset + j, "replayed") for j, s in enumerate(r.group.samples)])
         offset += len(r.group.samples)
-    return out
+    learns = [any(b is not None and signal[b] for _, b, _ in rows) for _, _, rows in candidates]
+    chosen: set[int] = set()
+    for kind in KINDS:
+        of_kind = [i for i, c in enumerate(candidates) if c[0] == kind]
+        chosen.update(sorted(of_kind, key=lambda i: not learns[i])[:n])  # stable: signal first, then in order
+    return [c for i, c in enumerate(candidates) if i in chosen]
 
 
 class Recorder:
