@@ -11,6 +11,7 @@ GROUPWISE_ALLOW_NO_BROWSER=1.
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,70 @@ def test_runs_with_different_eval_k_compare_fractions(runs, tmp_path):
         assert "eval.k differs (2 vs 4 samples a problem)" in page.locator("#eval-summary").inner_text()
         browser.close()
     assert errors == []
+
+
+def synthetic_run(tmp_path, texts, dlogp=None):
+    """A run directory with one recorded step of one group: a sample per text, one character a token (as
+    SmolLM2 splits digits), with each sample's ``sampler_dlogp`` per token from ``dlogp`` (default 0). No training,
+    no model."""
+    dlogp = dlogp or [[0.0] * len(t) for t in texts]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    samples = [{"text": t, "reward": 1.0, "reward_terms": {}, "correct": True, "format_ok": True, "length": len(t),
+                "finish_reason": "stop", "edited": False, "mode": None, "mode_forced": None, "disqualified": None,
+                "verifier_error": False, "filtered": False, "dropped": False, "replayed": False, "advantage": 0.5,
+                "tokens": list(t), "sampler_logprobs": [-1.0] * len(t),
+                "signals": {"advantage": [0.5] * len(t), "sampler_dlogp": d}}
+               for t, d in zip(texts, dlogp)]
+    line = {"step": 1, "signals": ["advantage", "sampler_dlogp"], "cost": {"record_s": 0.001},
+            "groups": [{"kind": "trained", "from_step": 1, "samples": samples,
+                        "problem": {"id": "p", "prompt": "q", "answer": "7", "difficulty": None}}]}
+    (run / "rollouts.jsonl").write_text(json.dumps(line) + "\n")
+    report = tmp_path / "r.html"
+    assert main(["inspect", str(run), "--out", str(report)]) == 0
+    return report
+
+
+def alphas(page) -> list[list[float]]:
+    """Each sample's tokens' background alpha (0: uncoloured)."""
+    return page.locator("#groups .tokens").evaluate_all("""ds => ds.map(d => [...d.children].map(t => {
+        const m = getComputedStyle(t).backgroundColor.match(/rgba?\\(([^)]*)\\)/)[1].split(",");
+        return m.length === 4 ? Number(m[3]) : 1; }))""")
+
+
+def test_dlogp_colours_float_noise_as_noise(tmp_path):
+    """Issue 47 item 3. Before: scaled to the largest |Δ| shown, a sample of pure float noise (±2e-6) was painted
+    at full strength. Now a fixed log scale in nats: |Δ| ≤ 1e-3 uncoloured, 0.01 / 0.1 / ≥ 1 nat at a third /
+    two thirds / all of the colour (alpha 0.85 at full)."""
+    noise = [2e-6, -2e-6, 1e-6, -1e-7]
+    graded = [1e-3, -0.01, 0.1, -1.0, 3.0, 5e-4]
+    report = synthetic_run(tmp_path, ["1234", "abcdef"], [noise, graded])
+    with playwright() as pw:
+        browser, page, errors, _ = open_page(pw, report)
+        page.check("#dlogp")
+        got, scale = alphas(page), page.locator("#scale").inner_text()
+        page.fill("#search", "1234")  # the noise alone on the page
+        (alone,) = alphas(page)
+        browser.close()
+    assert errors == []
+    assert got[0] == alone == [0, 0, 0, 0]
+    assert got[1] == pytest.approx([0, 0.85 / 3, 0.85 * 2 / 3, 0.85, 0.85, 0], abs=5e-3)  # alpha kept to 8 bits
+    assert "-1\n1\nΔ log p" in scale and "log scale; |Δ| ≤ 0.001 uncoloured" in scale
+
+
+def test_wrapped_lines_do_not_break_inside_a_number(tmp_path):
+    """Issue 47 item 3. Before: ``word-break: break-all`` on the token box let a line break between any two
+    tokens, so a number of one-digit tokens was cut across lines."""
+    text = " ".join(f"x{i}={123456789 + 1111 * i}.{i:03d}" for i in range(60))
+    report = synthetic_run(tmp_path, [text])
+    with playwright() as pw:
+        browser, page, errors, _ = open_page(pw, report)
+        page.set_viewport_size({"width": 420, "height": 1000})
+        tops = page.locator("#groups .tokens").first.evaluate(
+            "d => [...d.children].map(t => Math.round(t.getBoundingClientRect().top))")
+        browser.close()
+    assert errors == [] and len(tops) == len(text)
+    assert len(set(tops)) > 5  # it wraps
+    for word in re.finditer(r"\S+", text):  # each "x7=123464566.007" on one line
+        assert len({tops[i] for i in range(word.start(), word.end())}) == 1, word.group()

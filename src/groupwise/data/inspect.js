@@ -8,7 +8,10 @@ const SIGNALS = {
   loss_weight: { label: "loss weight", diverging: false, rgb: [22, 163, 74] },
   teacher_gap: { label: "teacher gap log πT − log πθ", diverging: true, rgb: [220, 38, 38], neg: [37, 99, 235] },
   mode: { label: "mode token", diverging: false, rgb: [147, 51, 234] },
-  sampler_dlogp: { label: "Δ log p sampler − trainer", diverging: true, rgb: [234, 88, 12], neg: [13, 148, 136] },
+  // a fixed scale in nats, not the largest |value| shown: |Δ| <= floor (float noise: an fp32 run's gap is ~1e-7)
+  // stays uncoloured, and each decade up to max is an equal step of colour (0.01, 0.1, 1 nat: 1/3, 2/3, full)
+  sampler_dlogp: { label: "Δ log p sampler − trainer", diverging: true, rgb: [234, 88, 12], neg: [13, 148, 136],
+    floor: 1e-3, max: 1 },
 };
 const FILTERS = {
   all: () => true,
@@ -110,10 +113,17 @@ function curves() {
 // ------------------------------------------------------------------------------------------------ rollouts
 const state = { run: 0, step: null, signal: "advantage", filter: "all", search: "", before: "advantage" };
 
+// a value's colour strength in [-1, 1]: v / m (m: the largest |value| shown), or a signal's fixed log scale
+function strength(s, v, m) {
+  if (!s.floor) return Math.max(-1, Math.min(1, v / (m || 1)));
+  const a = Math.abs(v);
+  return a <= s.floor ? 0 : Math.sign(v) * Math.min(1, Math.log10(a / s.floor) / Math.log10(s.max / s.floor));
+}
+
 function colour(sig, v, m) {
   if (v === null || v === undefined) return null;
   const s = SIGNALS[sig];
-  const t = Math.max(-1, Math.min(1, v / (m || 1)));
+  const t = strength(s, v, m);
   const [r, g, b] = t < 0 ? s.neg : s.rgb;
   return `rgba(${r},${g},${b},${(Math.abs(t) * 0.85).toFixed(3)})`;
 }
@@ -125,6 +135,7 @@ function scaleBar(sig, m) {
   return el("span", { cls: "scale", id: "scale" }, el("span", { text: s.diverging ? num(-m) : "0" }),
     el("span", { cls: "bar", style: `background:${grad}`, title: `${s.label}: colour scale` }),
     el("span", { text: num(m) }), el("span", { cls: "muted", text: s.label }),
+    s.floor ? el("span", { cls: "muted", text: `(nats, log scale; |Δ| ≤ ${num(s.floor)} uncoloured)` }) : null,
     el("span", { cls: "tok none", text: " none " , title: "no value: the row was not trained (filtered, dropped)" }));
 }
 
@@ -191,7 +202,7 @@ function renderRollouts() {
   let m = 0;
   for (const { samples } of groups) for (const s of samples) for (const v of s.signals[state.signal] || [])
     if (v !== null) m = Math.max(m, Math.abs(v));
-  m = m || 1;
+  m = SIGNALS[state.signal].max || m || 1;
   document.getElementById("scale").replaceWith(scaleBar(state.signal, m));
   const total = run.rollouts.filter((r) => state.step === "all" || r.step === state.step)
     .reduce((n, r) => n + r.groups.reduce((k, g) => k + g.samples.length, 0), 0);
