@@ -16,11 +16,11 @@ DEFAULT_TRAIN = ("reward/mean", "reward/correct_frac", "rollout/completion_len_m
 
 
 def run_summary(run: str | Path, tail: int = 10, extra: tuple[str, ...] = (),
-                rows: list[dict] | None = None) -> dict[str, float | str]:
+                rows: list[dict] | None = None) -> dict[str, float | int | str]:
     rows = read_metrics(run) if rows is None else rows
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     train = [r for r in rows if "perf/step_s" in r]
-    out: dict[str, float | str] = {"run": Path(run).name}
+    out: dict[str, float | int | str] = {"run": Path(run).name}
     samples_per_problem = eval_k(run)
     if evals and samples_per_problem is not None:  # the k of mean_at_k / pass_at_k: runs with other k differ
         out["eval.k"] = str(samples_per_problem)
@@ -35,8 +35,8 @@ def run_summary(run: str | Path, tail: int = 10, extra: tuple[str, ...] = (),
         if vals:
             out[k] = statistics.fmean(vals)
     if train:
-        out["steps"] = float(train[-1]["step"])
-        out["perf/gen_tokens_total"] = train[-1].get("perf/gen_tokens_total", 0.0)
+        out["steps"] = int(train[-1]["step"])
+        out["perf/gen_tokens_total"] = int(train[-1].get("perf/gen_tokens_total", 0))  # counts: integers
         out["perf/wall_s_total"] = train[-1].get("perf/wall_s_total", 0.0)
         out["perf/step_s (median)"] = statistics.median(r["perf/step_s"] for r in train)
     return out
@@ -70,4 +70,6 @@ def _fmt(v) -> str:
         return "-"
     if isinstance(v, str):
         return v
+    if isinstance(v, int):  # a count (steps, tokens): no decimals
+        return f"{v:,}"
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3f}"

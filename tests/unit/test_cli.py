@@ -109,6 +109,42 @@ def test_an_out_path_that_cannot_be_written_is_one_line(tmp_path, capsys):
         assert err.startswith(f"error: --out {out}: cannot write") and "\n" not in err
 
 
+def test_compare_prints_counts_as_integers(tmp_path, capsys):
+    """Issue 47 item 5. Before: 'steps 5.000' and 'perf/gen_tokens_total 500.000'."""
+    (tmp_path / "a").mkdir()
+    rows = [{"step": s, "perf/step_s": 1.0, "reward/mean": 0.5, "perf/gen_tokens_total": 100.0 * s,
+             "perf/wall_s_total": 2.0 * s} for s in range(1, 6)]
+    (tmp_path / "a" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["compare", str(tmp_path / "a")]) == 0
+    cells = {ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in capsys.readouterr().out.splitlines()
+             if ln.count("│") == 3}
+    assert cells["steps"] == "5" and cells["perf/gen_tokens_total"] == "500"
+    assert cells["reward/mean"] == "0.500" and cells["perf/wall_s_total"] == "10.000"
+
+
+def test_eval_lines_name_the_step_once(monkeypatch):
+    """Issue 47 item 5. Before: '[step_20] step 20: mean@4 ...' (and the same in the federated and agon drivers)."""
+    from types import SimpleNamespace as NS
+
+    from groupwise.drivers import agon, federated
+    from groupwise.loop import trainer
+
+    notes = []
+    session = NS(log_eval=lambda step, tag, metrics, records, note: notes.append(note),
+                 logger=NS(log=lambda step, m: None), progress=NS(note=notes.append))
+    m = {"eval/mean_at_k": 0.5, "eval/greedy_acc": 0.25, "eval/len_mean": 9.0, "eval/cascade_ab_acc": 0.5,
+         "eval/cascade_ba_acc": 0.5, "eval/solo_a_acc": 0.5, "eval/solo_b_acc": 0.5, "eval/macro_mean_at_k": 0.5,
+         "eval/worst_mean_at_k": 0.5}
+    monkeypatch.setattr(trainer, "evaluate_run", lambda p, problems: (m, []))
+    monkeypatch.setattr(agon, "cascade_eval", lambda players, cfg, acfg: (m, []))
+    monkeypatch.setattr(federated, "eval_metrics", lambda per_client: m)
+    trainer._eval(NS(cfg=NS(eval=NS(k=4, n_problems=1)), task=NS(test=[])), 20, session, "step_20")
+    agon.run_eval([], None, None, session, 20)
+    federated.Loop.evaluate(NS(session=session, state=NS(weights=None)), NS(evaluate=lambda w: {0: {}}), 20)
+    assert [n.split(":")[0] for n in notes] == ["eval step 20"] * 3 and not any("step_" in n for n in notes)
+    assert notes[0] == "eval step 20: mean@4 0.500  greedy 0.250  len 9.0"
+
+
 def test_compare_names_the_steps_it_averages_and_demo_help_the_readmes_time(tmp_path, capsys):
     import pytest
 

@@ -384,7 +384,7 @@ def cascade_eval(players: list[Player], cfg: RunConfig, acfg: AgonConfig) -> tup
 def run_eval(players: list[Player], cfg: RunConfig, acfg: AgonConfig, session: Session, step: int) -> dict:
     metrics, records = cascade_eval(players, cfg, acfg)
     session.log_eval(step, f"step_{step}", metrics, records,
-                     f"[step_{step}] cascade ab {metrics['eval/cascade_ab_acc']:.3f}  ba "
+                     f"eval step {step}: cascade ab {metrics['eval/cascade_ab_acc']:.3f}  ba "
                      f"{metrics['eval/cascade_ba_acc']:.3f}  solo a {metrics['eval/solo_a_acc']:.3f}  "
                      f"b {metrics['eval/solo_b_acc']:.3f}")
     return metrics

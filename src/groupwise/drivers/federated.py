@@ -355,12 +355,12 @@ class Loop:
     state: ServerState
     on_round: Callable[[int], None] | None = None  # a test hook (after each round's save)
 
-    def evaluate(self, fed, step: int, tag: str) -> dict[str, float]:
+    def evaluate(self, fed, step: int) -> dict[str, float]:
         per_client = fed.evaluate(self.state.weights)  # Flower: the clients that answered
         m = {**eval_metrics(per_client), "eval/clients": float(len(per_client))}
         assert self.session.logger is not None
         self.session.logger.log(step, m)
-        self.session.progress.note(f"[{tag}] step {step}: macro mean@k {m.get('eval/macro_mean_at_k', 0):.3f}  "
+        self.session.progress.note(f"eval step {step}: macro mean@k {m.get('eval/macro_mean_at_k', 0):.3f}  "
                                    f"worst {m.get('eval/worst_mean_at_k', 0):.3f}")
         return m
 
@@ -375,7 +375,7 @@ class Loop:
         e, run, session, result = self.cfg.local_steps, self.run, self.session, {}
         step = self.state.round * e
         if step == 0 and run.eval.before:
-            result["before"] = self.evaluate(fed, 0, "step_0")
+            result["before"] = self.evaluate(fed, 0)
         with session.signals():
             while step < run.trainer.steps and not session.stopping:
                 results = fed.train(self.state.weights, self.state.round)
@@ -384,7 +384,7 @@ class Loop:
                 session.record(step, metrics)
                 result["last"] = metrics
                 if run.eval.every and step // run.eval.every > prev // run.eval.every and step < run.trainer.steps:
-                    self.evaluate(fed, step, f"step_{step}")
+                    self.evaluate(fed, step)
                 if run.trainer.save_every and step // run.trainer.save_every > prev // run.trainer.save_every:
                     self.save(fed, step)
                 if self.on_round is not None:
@@ -400,7 +400,7 @@ class Loop:
             self.session.close()
             raise KeyboardInterrupt
         if self.run.eval.after:
-            result["after"] = self.evaluate(fed, step, f"step_{step}")
+            result["after"] = self.evaluate(fed, step)
         self.session.close(result)
         return result
 

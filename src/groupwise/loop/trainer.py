@@ -169,7 +169,7 @@ def run_eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, fl
 def _eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, float]:
     e = p.cfg.eval
     metrics, records = evaluate_run(p, p.task.test[:e.n_problems])
-    session.log_eval(step, tag, metrics, records, f"[{tag}] step {step}: mean@{e.k} "
+    session.log_eval(step, tag, metrics, records, f"eval step {step}: mean@{e.k} "
                      f"{metrics.get('eval/mean_at_k', 0):.3f}  "
                      f"greedy {metrics.get('eval/greedy_acc', float('nan')):.3f}  "
                      f"len {metrics.get('eval/len_mean', 0):.1f}")
