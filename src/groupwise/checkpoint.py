@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from groupwise.log import StorageError, fsync_dir, io_reason, to_stderr
+from groupwise.log import StorageError, follow_umask, fsync_dir, io_reason, to_stderr
 from groupwise.models.load import save_model
 
 STATE = "trainer_state.pt"
@@ -47,6 +47,7 @@ def save(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], keep
         root.mkdir(parents=True, exist_ok=True)
         clean_stale(run_dir)
         save_model(model, tokenizer, tmp / "model", weights)
+        follow_umask(tmp / "model")  # safetensors writes 0600
         with open(tmp / STATE, "wb") as f:  # a file object: a full disk surfaces as OSError, not RuntimeError
             torch.save({**state, "step": step, "rng": rng_state()}, f)
         write_manifest(tmp)

@@ -71,6 +71,27 @@ def write_atomic(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def file_mode() -> int:
+    """The mode ``open`` gives a new file: 0o666 less the umask (read from /proc, since ``os.umask`` can only be
+    read by setting it; the fallback sets 0o077 for that instant, never a laxer mask)."""
+    try:
+        mask = int(re.search(r"^Umask:\s*([0-7]+)$", Path("/proc/self/status").read_text(), re.M).group(1), 8)
+    except (OSError, AttributeError):
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
+def follow_umask(path: Path) -> None:
+    """Give every file under ``path`` the mode any new file gets (``file_mode``): safetensors writes its files
+    0600 (a temporary file renamed into place), which keeps a checkpoint, an export or a shared cache from the
+    users and groups the umask lets read everything else."""
+    mode = file_mode()
+    for p in Path(path).rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            p.chmod(mode)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside ``path`` durable (best effort: not every file system can fsync a directory)."""
     try:

@@ -261,3 +261,19 @@ def test_eval_of_a_model_dir_with_truncated_weights_names_the_file(tmp_path, tin
     assert main(["eval", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{tmp_path / 'm' / 'model.safetensors'} does not load" in err
+
+
+def test_saved_and_exported_files_follow_the_umask(tmp_path, tiny_model, tokenizer, capsys):
+    """Issue 47 item 5. Before: model.safetensors was 0600 in every checkpoint and export (safetensors writes a
+    temporary file and renames it), whatever the umask, while every other file followed it."""
+    old = os.umask(0o027)
+    try:
+        run_dir = cfg(tmp_path).run_dir
+        run_dir.mkdir(parents=True)
+        final = ckpt.save(run_dir, 1, tiny_model, tokenizer, {}, 2)
+        assert main(["export", str(final / "model"), "--out", str(tmp_path / "out")]) == 0
+    finally:
+        os.umask(old)
+    for root in (final, tmp_path / "out" / "model"):
+        modes = {p.relative_to(root).as_posix(): oct(p.stat().st_mode & 0o777) for p in root.rglob("*") if p.is_file()}
+        assert "model.safetensors" in "".join(modes) and set(modes.values()) == {"0o640"}, modes

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from groupwise.log import follow_umask
 from groupwise.registry import ConfigError
 
 HUB_TIMEOUT_S = 10.0
@@ -184,6 +185,7 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
                  "note": "dequantised from a quantised GGUF: not the original full-precision weights"},
                 indent=1))
             write_manifest(tmp)
+            follow_umask(tmp)  # safetensors writes 0600
             tmp.chmod(0o755)  # mkdtemp's 0700 would keep a shared cache from other users
             os.replace(tmp, final)
             if progress:
