@@ -119,11 +119,13 @@ class GymConfig:
     scorer only."""
     difficulty_key: str = "difficulty"
     """Metadata key read as ``Problem.difficulty`` when its value is a number (e.g. ``num_terms``), else 0."""
-    reference: Literal["none", "running_totals"] = "none"
+    reference: Literal["none", "running_totals", "running_totals_check"] = "none"
     """``running_totals``: each problem's ``reference`` (the SFT target of ``sft_examples``, a privileged teacher's
     ``{reference}``) is its chain worked left to right, ``"8 + 6 = 14. 14 - 3 = 11. The final answer is
     \\boxed{11}."``, built from the entry's ``metadata.expression`` (integers joined by ``+`` and ``-``: e.g.
-    ``basic_arithmetic`` without parentheses or ``chain_sum``); an entry of another form is refused."""
+    ``basic_arithmetic`` without parentheses or ``chain_sum``); an entry of another form is refused.
+    ``running_totals_check``: the same with the last step written again before the answer (``"... 14 - 3 = 11.
+    Check: 14 - 3 = 11. The final answer is ..."``), redundant tokens that a length method can learn to drop."""
 
     def __post_init__(self) -> None:
         if not self.dataset:
@@ -138,8 +140,8 @@ class GymConfig:
             raise ValueError(f"scorer={self.scorer!r}: allowed dataset, math_verify")
         if not 0.0 < self.min_score <= 1.0:
             raise ValueError(f"min_score={self.min_score}: allowed 0 < min_score <= 1")
-        if self.reference not in ("none", "running_totals"):
-            raise ValueError(f"reference={self.reference!r}: allowed none, running_totals")
+        if self.reference not in ("none", "running_totals", "running_totals_check"):
+            raise ValueError(f"reference={self.reference!r}: allowed none, running_totals, running_totals_check")
         # Names and option keys are checked here when reasoning-gym is installed, so a recipe fails at load
         # time with its file:line; without it, building the task raises the install hint instead.
         if importlib.util.find_spec("reasoning_gym") is not None:
@@ -215,7 +217,8 @@ class GymTask:
         difficulty = entry.get("metadata", {}).get(self.cfg.difficulty_key)
         number = isinstance(difficulty, int | float) and not isinstance(difficulty, bool)
         form = self._form(split, i)
-        reference = running_totals(entry, self.cfg.dataset) if self.cfg.reference == "running_totals" else ""
+        reference = ("" if self.cfg.reference == "none" else
+                     running_totals(entry, self.cfg.dataset, check=self.cfg.reference == "running_totals_check"))
         return Problem(
             id=f"{self.name}/{split}/{i}",
             prompt=form.prompt(question) if form else chat_prompt(question, self.cfg.system_prompt,
@@ -268,9 +271,10 @@ class GymTask:
 _TERM = re.compile(r"\s*([+-])\s*(\d+)")
 
 
-def running_totals(entry: dict[str, Any], dataset: str) -> str:
-    """The chain in ``entry["metadata"]["expression"]`` worked left to right, one running total a sentence, and the
-    boxed result (which must equal the entry's answer)."""
+def running_totals(entry: dict[str, Any], dataset: str, check: bool = False) -> str:
+    """The chain in ``entry["metadata"]["expression"]`` worked left to right, one running total a sentence (with
+    ``check``, the last one written again after "Check:"), and the boxed result (which must equal the entry's
+    answer)."""
     expr = str(entry.get("metadata", {}).get("expression", ""))
     first = re.match(r"\s*(-?\d+)", expr)
     terms = _TERM.findall(expr[first.end():]) if first else []
@@ -283,6 +287,8 @@ def running_totals(entry: dict[str, Any], dataset: str) -> str:
         total = new
     if str(total) != str(entry["answer"]).strip():
         raise ValueError(f"reference=running_totals: {expr!r} gives {total}, the entry's answer is {entry['answer']!r}")
+    if check:
+        steps.append(f"Check: {steps[-1]}")
     return " ".join(steps) + f" The final answer is \\boxed{{{total}}}."
 
 

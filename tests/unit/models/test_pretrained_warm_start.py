@@ -98,3 +98,20 @@ def test_a_warm_start_of_an_adapter_is_refused(base_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"model.warm_start: true with model.path '.*adapter', a LoRA adapter.*"
                                           r"allowed: model.warm_start: auto or false"):
         load_model(cfg.model, task)
+
+
+def test_micro_batches_give_the_one_pass_update(base_dir, monkeypatch):
+    """A pretrained model's SFT batch runs in MICRO_ROWS-row passes, normalised by the whole batch's tokens: the
+    same warm start as one pass of the batch (float summation order aside)."""
+    from groupwise.models import sources, warm_start
+
+    cfg, task = setup(base_dir, "model.warm_start=true", "model.warm_start_steps=3")
+    src = sources.resolve(str(base_dir))
+    weights = {}
+    for rows in (3, 8):  # 8 = the whole batch in one pass; 3 leaves a short last pass (3 + 3 + 2)
+        monkeypatch.setattr(warm_start, "MICRO_ROWS", rows)
+        model, _ = warm_start.sft(str(base_dir), task, cfg.model, source=src)
+        weights[rows] = model.state_dict()
+    assert any(not torch.equal(weights[3][k], load_pretrained(base_dir)[0].state_dict()[k]) for k in weights[3])
+    for k in weights[8]:
+        torch.testing.assert_close(weights[3][k], weights[8][k], atol=1e-6, rtol=1e-5)

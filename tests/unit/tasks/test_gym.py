@@ -181,6 +181,8 @@ def test_running_totals_reference_works_the_chain_left_to_right():
         "25 - 47 = -22. -22 + 9 = -13. -13 + 30 = 17. The final answer is \\boxed{17}.")
     assert running_totals({"answer": "-4", "metadata": {"expression": "-1 - 3"}}, "x") == (
         "-1 - 3 = -4. The final answer is \\boxed{-4}.")
+    assert running_totals(entry, "basic_arithmetic", check=True) == (
+        "25 - 47 = -22. -22 + 9 = -13. -13 + 30 = 17. Check: -13 + 30 = 17. The final answer is \\boxed{17}.")
     for expr, answer, message in [("4 * 3 - 1", "11", "not integers joined by"), ("7", "7", "not integers joined by"),
                                   ("(2 + 3) - 1", "4", "not integers joined by"), ("2 + 3", "6", "gives 5")]:
         with pytest.raises(ValueError, match=message):
@@ -195,6 +197,9 @@ def test_reference_running_totals_fills_problems_and_sft_examples():
         assert p.reference.endswith(f"\\boxed{{{p.answer}}}.") and p.reference.count(" = ") >= 1
     pairs = task.sft_examples(random.Random(0), 3)
     assert len(pairs) == 3 and all(text == p.reference for p, text in pairs)
+    checked = GymTask(GymConfig(size=20, test_size=4, reference="running_totals_check", dataset_args=chains), seed=0)
+    assert [p.reference.replace(p.reference[p.reference.index(" Check:"):p.reference.index(" The final")], "")
+            for p in checked.test] == [p.reference for p in task.test]  # the same traces plus the check
     assert GymTask(GymConfig(size=2, test_size=1), 0).test[0].reference == ""  # none: no reference
     with pytest.raises(ValueError, match=r"reference=running_totals: basic_arithmetic expression .* is not integers"):
         GymTask(GymConfig(size=2, test_size=8, reference="running_totals"), 0)  # parentheses by default: refused
@@ -224,7 +229,7 @@ def test_sft_examples_not_available():
         ({"min_score": 0.0}, r"min_score=0.0"),
         ({"min_score": 1.5}, r"min_score=1.5"),
         ({"scorer": "exact"}, r"scorer='exact': allowed dataset, math_verify"),
-        ({"reference": "steps"}, r"reference='steps': allowed none, running_totals"),
+        ({"reference": "steps"}, r"reference='steps': allowed none, running_totals, running_totals_check"),
         ({"few_shot": (("Calculate 1 + 1.",),)}, r"few_shot\.0: allowed a \[question, worked answer\] pair"),
         (
             {"few_shot": (("Calculate 1 + 1.", " "),)},
