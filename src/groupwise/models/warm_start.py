@@ -37,13 +37,13 @@ import random
 import re
 import shutil
 import sys
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 import torch
 
 from groupwise.config import ModelConfig, to_dict
+from groupwise.log import follow_umask
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.tasks.base import render_prompt
 
@@ -112,7 +112,10 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None, source
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "config.json").exists():
             return final
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+        for stale in root.glob(f".tmp-{final.name}-*"):  # a killed build of this entry (we hold its lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = root / f".tmp-{final.name}-{os.getpid()}"
+        tmp.mkdir()
         try:
             packaged = packaged_root() / final.name
             if source is None and (packaged / "model.safetensors").is_file():
@@ -130,6 +133,7 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None, source
                     {"preset": preset, "source": None if source is None else str(source), "task": to_dict(task.cfg),
                      "steps": cfg.warm_start_steps, "lr": cfg.warm_start_lr, "batch": cfg.warm_start_batch,
                      "lora": to_dict(cfg.lora)}, indent=1))
+            follow_umask(tmp)  # safetensors writes 0600
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -144,11 +148,15 @@ def sft(preset: str, task, cfg: ModelConfig, progress=None, source: Path | None 
 
         tokenizer = tiny.build_tokenizer()
         model = tiny.build_model(preset, tokenizer, seed=0)
-    else:
-        from groupwise.models import lora
-        from groupwise.models.load import load_pretrained
+    else:  # a directory models/load.py has checked (and that imports this module: transformers directly here)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model, tokenizer = load_pretrained(source, "float32", "cpu")
+        from groupwise.models import lora
+
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
         if cfg.lora is not None:
             model = lora.wrap(model, cfg.lora, seed=0)
     model.train()

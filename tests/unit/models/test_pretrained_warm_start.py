@@ -115,3 +115,25 @@ def test_micro_batches_give_the_one_pass_update(base_dir, monkeypatch):
     assert any(not torch.equal(weights[3][k], load_pretrained(base_dir)[0].state_dict()[k]) for k in weights[3])
     for k in weights[8]:
         torch.testing.assert_close(weights[3][k], weights[8][k], atol=1e-6, rtol=1e-5)
+
+
+def test_a_killed_build_leaves_nothing_behind_and_files_follow_the_umask(base_dir):
+    """A build killed mid-way (SIGKILL: no ``finally``) left its temporary folder in the cache; the next build of
+    that entry, holding its lock, removes it. The saved files get the umask's mode, not safetensors' 0600."""
+    import os
+
+    from groupwise.models import sources
+    from groupwise.models.warm_start import warm_start_key
+
+    cfg, task = setup(base_dir, "model.warm_start=true", "model.warm_start_steps=1")
+    root = base_dir.parent / "cache" / "warm_start"
+    name = f"base-{warm_start_key(str(base_dir), task, cfg.model, sources.resolve(str(base_dir)))}"
+    (root / f".tmp-{name}-99999").mkdir(parents=True)
+    (root / f".tmp-{name}-99999" / "model.safetensors").write_bytes(b"half")
+    old = os.umask(0o027)
+    try:
+        load_model(cfg.model, task)
+    finally:
+        os.umask(old)
+    assert sorted(x.name for x in root.iterdir() if not x.name.endswith(".lock")) == [name]
+    assert (root / name / "model.safetensors").stat().st_mode & 0o777 == 0o640
