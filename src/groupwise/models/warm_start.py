@@ -21,7 +21,9 @@ then merged into the weights and saved as a plain model directory (``<name>-<key
 and ``model.lora``), so the RL run starts a fresh adapter on top of it and its reference model is the warmed-up
 policy. Use it as a format warm-up: a small model that cannot yet write a task's traces leaves RL no signal.
 
-The warm start uses a fixed seed: RL seeds vary the RL run, not the starting policy.
+The warm start uses a fixed seed: RL seeds vary the RL run, not the starting policy. Its traces are drawn from the
+task of the run that builds it, and the key has no seed: for a task whose train sequence depends on the run's seed
+(reasoning-gym), every seed shares the first builder's warm start (build it with the seed you report, e.g. 0).
 Loss: token-mean cross-entropy on completion tokens (EOS included); AdamW (0.9, 0.95), linear warm-up
 over 10 steps then cosine decay; fresh procedural traces every step.
 """
