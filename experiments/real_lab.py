@@ -60,7 +60,7 @@ thread (128-token cap, 8 x 8), 60 steps + 3 evals of 200 problems x 5 generation
 (2 baselines + ~14 method arms) ~ 48 runs ~ 55 CPU hours, ~28 h on two lanes: several sessions. Each method's
 result is committed as it finishes, and the table below says what is done and what is left.
 
-    PYTHONPATH=src python experiments/real_lab.py --check           # the preconditions (~40 min, 1 thread)
+    PYTHONPATH=src python experiments/real_lab.py --check --check-threads 2   # the preconditions (~25 min)
     PYTHONPATH=src python experiments/real_lab.py --jobs 2 --arms grpo grpo_2ep --seeds 0 1 2
     PYTHONPATH=src python experiments/real_lab.py --report-only
 
@@ -73,9 +73,14 @@ Running table (updated as runs finish; done / left):
   43 -> 60 tokens, capped 15% -> 37%).
 - DONE: ``--check --temperature 0.7 --teacher-n 0``: T = 0.7 does not rescue the design (mean@8 0.054, 86%
   zero-variance groups, 18% capped against 28%; only ``worked`` at 2 terms is below 50%, at 42%).
-- LEFT, next: a format warm-up (SFT of the adapter on running-total traces in every training form; the traces exist:
-  ``task.reference: running_totals``; real-model warm starts do not), then ``--check``.
-- LEFT: GRPO and GRPO with ``optim.ppo_epochs=2`` (3 seeds each), once a setting meets the preconditions.
+- DONE: the format warm-up (``model.warm_start: true`` for pretrained models, 8c5d7c0). Design 2 (2-5 terms, no
+  check in the traces): NOT met (0.93 -> 0.52 greedy, 2.5x lengths, 62.5% zero-variance groups, no re-check).
+- DONE: design 3 (2-9 terms, traces with the check, cap 128), ``--check --n 200 --k 8 --teacher-n 32 --div-n 32
+  --check-threads 2``: met within noise except the hardest level's greedy (mean@8 0.90 -> 0.14 at 9 terms, greedy
+  0.91 -> 0.35; lengths 31 -> 101 tokens, 3.2x; check written 98-100%; 0.5% capped; pass@8 0.59; zero-variance
+  50.7% on the training forms; ``plain`` 0.03 mean@8, boxed 8%).
+- RUNNING (started 2026-12-06 16:24): GRPO seeds 0 and 1 on design 3 (``--jobs 2 --arms grpo --seeds 0 1``).
+- LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: QLPO, ACOER (+ the all-answer length penalty), DRE, think modes, HDR vs FIFO, OPSD / DASH-OPSD, RLCSD,
   DistIL, PivotTrace, GARL / PAFT, LamPO, RREDCoT, DASH drift, GraphPO; Agon and FGRPO with LoRA.
 - LEFT: the transfer check (a harder held-out set; the ``plain`` form).

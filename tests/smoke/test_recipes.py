@@ -27,6 +27,9 @@ def test_recipe_trains_two_steps(recipe, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # recipes name example files relative to the repository root
     local = ["driver.local_steps=1"] if hasattr(load(recipe).driver.cfg, "local_steps") else []  # federated rounds
     local += smoke_token_budget(recipe, SMOKE)  # think modes' caps stay below the token budget, as in the recipe
+    recipe_model = load(recipe).model
+    if recipe_model.warm_start is True and not recipe_model.path.startswith("embedded:"):
+        local += ["model.warm_start_steps=2", "model.warm_start_batch=4"]  # a real model's warm-up: 2 small steps
     cfg = load(recipe, [*SMOKE, *local, f"out_dir={tmp_path}"])
     if cfg.rollout.generator.name == "vllm":  # its own lane (its own virtual environment): tests/vllm_lane
         pytest.importorskip("vllm")
