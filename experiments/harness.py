@@ -42,8 +42,10 @@ def run_one(recipe: str, overrides: list[str], out_dir: Path, name: str, log: Pa
     run = out_dir / name
     if (run / "summary.json").exists():
         return run
+    # a run stopped after a checkpoint (a session's end) continues from it; otherwise it starts again
+    again = "--resume" if any((run / "checkpoints").glob("step_*")) else "--overwrite"
     cmd = [sys.executable, "-m", "groupwise.cli", "train", recipe, *overrides, f"name={name}", f"out_dir={out_dir}",
-           *FIXED, "--overwrite"]
+           *FIXED, again]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.time()
     with log.open("w") as f:
