@@ -102,7 +102,7 @@ from headroom_lab import divergence  # noqa: E402
 EXPERIMENT = "real_lab"
 RECIPE = "recipes/smollm2_lab.yaml"
 STEPS, EVAL_EVERY = 60, 30
-COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=30", "trainer.sinks=[jsonl]"]
+COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=10", "trainer.sinks=[jsonl]"]
 ARMS = {"grpo": [], "grpo_2ep": ["optim.ppo_epochs=2"]}  # the two baselines; methods join as their arms are written
 TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
 
