@@ -79,7 +79,12 @@ Running table (updated as runs finish; done / left):
   --check-threads 2``: met within noise except the hardest level's greedy (mean@8 0.90 -> 0.14 at 9 terms, greedy
   0.91 -> 0.35; lengths 31 -> 101 tokens, 3.2x; check written 98-100%; 0.5% capped; pass@8 0.59; zero-variance
   50.7% on the training forms; ``plain`` 0.03 mean@8, boxed 8%).
-- RUNNING (started 2026-12-06 16:24): GRPO seeds 0 and 1 on design 3 (``--jobs 2 --arms grpo --seeds 0 1``).
+- STOPPED at the session's end (2026-12-06): GRPO seed 0 at step ~30 (checkpoints every 10 steps; the harness
+  resumes them), seed 1 at its step-10 checkpoint. Step 0 held-out: mean@4 0.310, greedy 0.400. Training reward
+  0.32 -> 0.20 -> 0.23 over steps 1-10 / 11-20 / 21-30; 65-74% zero-variance groups; entropy 0.03 nats/token.
+  Two runs plus the test suite were killed by the OOM killer (~8.4 GB a run): two runs alone fit.
+- LEFT, next: finish GRPO seeds 0-2; measure whether a shorter warm-up (or T > 1) restores within-group
+  diversity (the policy's entropy is 0.03 nats/token after 60 SFT steps).
 - LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: QLPO, ACOER (+ the all-answer length penalty), DRE, think modes, HDR vs FIFO, OPSD / DASH-OPSD, RLCSD,
   DistIL, PivotTrace, GARL / PAFT, LamPO, RREDCoT, DASH drift, GraphPO; Agon and FGRPO with LoRA.
