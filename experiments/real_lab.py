@@ -83,6 +83,8 @@ Running table (updated as runs finish; done / left):
   resumes them), seed 1 at its step-10 checkpoint. Step 0 held-out: mean@4 0.310, greedy 0.400. Training reward
   0.32 -> 0.20 -> 0.23 over steps 1-10 / 11-20 / 21-30; 65-74% zero-variance groups; entropy 0.03 nats/token.
   Two runs plus the test suite were killed by the OOM killer (~8.4 GB a run): two runs alone fit.
+  Step 30 held-out: mean@4 0.182, greedy 0.195, pass@4 0.240 (from 0.310 / 0.400 / 0.465): GRPO at lr 6e-4
+  makes the warmed-up policy WORSE (every level from 3 terms up falls). Next: lr 2e-4, a shorter warm-up.
 - LEFT, next: finish GRPO seeds 0-2; measure whether a shorter warm-up (or T > 1) restores within-group
   diversity (the policy's entropy is 0.03 nats/token after 60 SFT steps).
 - LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
