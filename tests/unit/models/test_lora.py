@@ -23,15 +23,8 @@ pytest.importorskip("peft")
 
 
 @pytest.fixture
-def base_dir(tmp_path):
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=128, pad_token_id=tok.pad_token_id,
-                                         eos_token_id=tok.eos_token_id))
-    save_model(model, tok, tmp_path / "base")
-    return tmp_path / "base"
+def base_dir(tiny_qwen):
+    return tiny_qwen()
 
 
 def logprobs(model, tok):

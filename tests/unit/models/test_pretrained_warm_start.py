@@ -5,14 +5,12 @@ import json
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from groupwise import catalog
 from groupwise.config import load
 from groupwise.models import lora
 from groupwise.models.forward import completion_logprobs, pack
-from groupwise.models.load import load_model, load_pretrained, save_model
-from groupwise.models.tiny import build_tokenizer
+from groupwise.models.load import load_model, load_pretrained
 from groupwise.registry import BuildEnv, ConfigError
 from groupwise.tasks.base import render_prompt
 
@@ -20,16 +18,9 @@ pytest.importorskip("peft")
 
 
 @pytest.fixture
-def base_dir(tmp_path, monkeypatch):
+def base_dir(tiny_qwen, tmp_path, monkeypatch):
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-                                         eos_token_id=tok.eos_token_id))
-    save_model(model, tok, tmp_path / "base")
-    return tmp_path / "base"
+    return tiny_qwen(max_positions=256)
 
 
 def setup(base_dir, *overrides):
