@@ -26,6 +26,7 @@ import torch
 
 from groupwise.log import StorageError, follow_umask, fsync_dir, io_reason, to_stderr
 from groupwise.models.load import save_model
+from groupwise.tempdirs import remove_stale
 
 STATE = "trainer_state.pt"
 MANIFEST = "manifest.json"
@@ -84,24 +85,7 @@ def _swap_in(tmp: Path, final: Path) -> None:
 
 def clean_stale(run_dir: Path) -> list[Path]:
     """Remove the temporary directories of saves that did not finish (unless their process still runs)."""
-    root, removed = checkpoint_dir(run_dir), []
-    for p in sorted(root.glob(".tmp-*")) if root.is_dir() else []:
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
-            continue
-        shutil.rmtree(p, ignore_errors=True)
-        removed.append(p)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+    return remove_stale(checkpoint_dir(run_dir))
 
 
 def write_manifest(path: Path) -> None:

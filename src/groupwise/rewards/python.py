@@ -19,7 +19,8 @@ raise get None and are counted (``reward/<label>_errors``, first one printed wit
 ``timeout_s`` counts every sample of the call (no per-sample retry, so a hanging function costs one timeout).
 On Linux a function named by reference runs in a forked worker process by default (``isolation: auto``;
 ``groupwise/isolation.py``; a callable passed from Python stays in this process):
-a call stuck in C code is killed at ``timeout_s`` and ``os._exit`` ends only the worker (a new one is forked);
+a call stuck in C code is killed at ``timeout_s`` and ``os._exit`` ends only the worker (a new one is forked),
+a process the function starts ends with its worker, and its memory is capped (``reward.worker_memory_mb``);
 the arguments and values cross a pipe (pickled), and ``log_metric`` calls come back with the values.
 The ``function`` is ``path/to/file.py:name`` (relative to the working directory), ``package.module:name``, or
 a callable (Python API); it is imported when the config loads, so a typo fails at once.
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from groupwise import plugins
-from groupwise.isolation import CAN_FORK, Forked
+from groupwise.isolation import CAN_FORK, WORKER_MEMORY_MB, Forked
 from groupwise.rewards import REWARDS
 from groupwise.rewards.stage import SampleErrors, VerifierTimeout, call_with_timeout
 from groupwise.types import Group, Problem, Sample
@@ -97,14 +98,15 @@ def invoke(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[list[Any], d
 
 
 class PythonReward:
-    def __init__(self, fn: Callable[..., Any], cfg: PythonRewardConfig, max_steps: int):
+    def __init__(self, fn: Callable[..., Any], cfg: PythonRewardConfig, max_steps: int, memory_mb: int):
         self.fn, self.cfg, self.max_steps = fn, cfg, max_steps
         self._step: int | None = None
         self._logged: dict[str, list[float]] = {}
         # auto: a function named by reference runs forked; a callable passed from Python stays here (its side effects,
         # a closure's list, a logger, stay visible to the caller)
         process = cfg.isolation == "process" or (cfg.isolation == "auto" and CAN_FORK and isinstance(cfg.function, str))
-        self.forked = Forked(functools.partial(invoke, fn), cfg.timeout_s, "reward function") if process else None
+        self.forked = Forked(functools.partial(invoke, fn), cfg.timeout_s, "reward function",
+                             memory_mb) if process else None
 
     def _call(self, rows: list[tuple[Problem, Sample]], step: int) -> list[Any]:
         cols = [columns(p) for p, _ in rows]
@@ -154,4 +156,6 @@ class PythonReward:
 
 @REWARDS.register("python", config=PythonRewardConfig, reports=True, label=PythonRewardConfig.name)
 def python(cfg: PythonRewardConfig, env) -> PythonReward:
-    return PythonReward(plugins.load_callable(cfg.function), cfg, env.run.trainer.steps if env.run else 0)
+    run = env.run
+    return PythonReward(plugins.load_callable(cfg.function), cfg, run.trainer.steps if run else 0,
+                        run.reward.worker_memory_mb if run else WORKER_MEMORY_MB)

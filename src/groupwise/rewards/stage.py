@@ -31,7 +31,12 @@ from typing import Any
 import numpy as np
 
 from groupwise.registry import ConfigError, Entry
-from groupwise.rewards.verifier import VerifierTimeout, call_with_timeout, make_verifier  # noqa: F401
+from groupwise.rewards.verifier import (  # noqa: F401
+    WORKER_MEMORY_MB,
+    VerifierTimeout,
+    call_with_timeout,
+    make_verifier,
+)
 from groupwise.types import Group, Sample
 
 
@@ -65,12 +70,12 @@ class BoundTerm:
 
 class RewardStage:
     def __init__(self, task, terms: list[BoundTerm], timeout_s: float, term_timeout_s: float = 300.0,
-                 isolation: str = "alarm", fail_fast: bool = True):
+                 isolation: str = "alarm", fail_fast: bool = True, worker_memory_mb: int = WORKER_MEMORY_MB):
         labels = [t.label for t in terms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"reward.terms: two terms share a metric name ({', '.join(labels)}); each needs its own")
         self.task, self.terms, self.timeout_s, self.term_timeout_s = task, terms, timeout_s, term_timeout_s
-        self.verifier = make_verifier(task, timeout_s, isolation)  # rewards/verifier.py
+        self.verifier = make_verifier(task, timeout_s, isolation, worker_memory_mb)  # rewards/verifier.py
         self._step: int | None = None
         self._errors: dict[str, float] = {}
         self._scored: dict[str, float] = {}  # this step's samples each term was called on, by label

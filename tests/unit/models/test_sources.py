@@ -185,6 +185,99 @@ def test_a_damaged_conversion_is_converted_again_with_one_line(tmp_path, cache, 
     assert "warning:" not in capsys.readouterr().err
 
 
+KILLED_MIDWAY = """
+import os, signal, sys
+from groupwise.models import sources
+
+def half(path, dest):  # a conversion killed while it writes (SIGKILL: no cleanup runs)
+    (dest / "model.safetensors").write_bytes(bytes(2**20))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+sources._dequantise = half
+sources.resolve(sys.argv[1])
+"""
+
+
+def test_a_conversion_killed_midway_leaves_no_temporary_directory_behind(tmp_path, cache):
+    """Issue 48.10: a conversion killed midway left its temporary directory (538 MB for SmolLM2) in the cache for
+    good. It is named ``.tmp-<entry>-<pid>`` and the next GGUF resolve removes it once its process is gone; a live
+    conversion's is kept."""
+    import os
+    import subprocess
+    import sys
+
+    f = write_tiny_gguf(tmp_path / "tiny.gguf")
+    env = {**os.environ, "GROUPWISE_CACHE": str(cache.parent), "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-c", KILLED_MIDWAY, str(f)], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    left = [n for n in leftovers(cache) if n.startswith(".tmp-")]
+    assert len(left) == 1 and (cache / left[0] / "model.safetensors").stat().st_size == 2**20
+    live = subprocess.Popen(["sleep", "60"])  # another process's conversion, still running
+    try:
+        (cache / f".tmp-other-{live.pid}").mkdir()
+        (cache / f".damaged-old-{2**22 + 1}").mkdir()  # a removal killed midway (a pid above any pid_max: gone)
+        out = sources.resolve(str(f))
+        assert leftovers(cache) == sorted([out.name, f".tmp-other-{live.pid}"])
+    finally:
+        live.kill()
+        live.wait()
+    assert sources.resolve(str(f)) == out and leftovers(cache) == [out.name]  # its process gone: removed too
+
+
+UNREADABLE = """
+import sys
+from groupwise.config import ModelConfig
+from groupwise.models.load import load_model
+from groupwise.registry import ConfigError
+
+for path in sys.argv[1:]:
+    try:
+        load_model(ModelConfig(path=path), train=False)
+        print("loaded", path)
+    except ConfigError as e:
+        print(f"error: {e}")
+"""
+
+
+def test_an_unreadable_model_directory_or_weights_file_is_one_line_naming_it_and_why(tmp_path, tiny_qwen):
+    """Issue 48.10: a mode-000 model directory was a PermissionError traceback (``models/lora.py``), unreadable
+    weights a one-line error saying "No such file or directory". Both are one line naming the path and the reason,
+    and so is an unreadable GGUF. Where the tests run as root (who reads mode-000 files), the check runs as root
+    without the capabilities that override file modes, which is what an ordinary owner is."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    runner = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("the tests run as root, where mode 000 does not stop reads, and setpriv (util-linux), which "
+                        "would drop root's file-mode override, is not installed")
+        runner = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    base = tiny_qwen()
+    shutil.copytree(base, tmp_path / "closed")
+    shutil.copytree(base, tmp_path / "noweights")
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    denied = [tmp_path / "closed", tmp_path / "noweights" / "model.safetensors", tmp_path / "model.gguf"]
+    try:
+        for p in denied:
+            p.chmod(0)
+        paths = [tmp_path / "closed", tmp_path / "noweights", tmp_path / "model.gguf", base]
+        env = {**os.environ, "GROUPWISE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([*runner, sys.executable, "-c", UNREADABLE, *map(str, paths)], env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        for p in denied:
+            p.chmod(0o755)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4 and lines[3] == f"loaded {base}", lines  # a readable directory still loads
+    for line, culprit in zip(lines, denied):
+        assert line.startswith(f"error: model.path: cannot read '{culprit}' (Permission denied); "), line
+
+
 def test_missing_gguf_file(tmp_path, cache):
     with pytest.raises(ConfigError, match=r"model\.path: GGUF file '.*nope\.gguf' does not exist"):
         sources.resolve(str(tmp_path / "nope.gguf"))
