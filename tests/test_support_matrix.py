@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import vllm_lane_recipes
 
-from groupwise.catalog import KINDS, refusal, support
+from groupwise.catalog import KINDS, SUPPORT_LEGEND, refusal, support
 from groupwise.cli import main
 from groupwise.config import load
 from groupwise.registry import ConfigError
@@ -24,17 +24,21 @@ def matrix() -> dict[tuple[str, str], dict[str, str]]:
     rows = {}
     for line in section.splitlines():
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0] not in ("kind", "") and not set(cells[0]) <= {"-", ":"}:
-            rows[(cells[0], cells[1])] = {"vllm": cells[2], "ray": cells[3]}
+        if len(cells) == 5 and cells[0] not in ("kind", "") and not set(cells[0]) <= {"-", ":"}:
+            rows[(cells[0], cells[1])] = {"vllm": cells[2], "ray": cells[3], "async": cells[4]}
     return rows
 
 
 def test_every_member_has_its_row_and_the_docs_copy_agrees(capsys):
     assert main(["list", "--support"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 2 + sum(len(reg.names()) for reg in KINDS.values())
+    table = [line for line in printed if line.startswith("|")]
+    assert len(table) == 2 + sum(len(reg.names()) for reg in KINDS.values())
+    assert table[0] == "| kind | member | vLLM generator | Ray workers | async rollouts |"
+    assert printed[-1] == SUPPORT_LEGEND and "driver: runs in the training process" in SUPPORT_LEGEND
     for e in BUILTIN:
-        assert f"| {e.kind} | `{e.name}` | {support(e)['vllm']} | {support(e)['ray']} |" in printed
+        row = support(e)
+        assert f"| {e.kind} | `{e.name}` | {row['vllm']} | {row['ray']} | {row['async']} |" in printed
     rows = matrix()
     assert len(rows) > 40 and set(rows) <= {(e.kind, e.name) for e in BUILTIN}
     for e in BUILTIN:
@@ -75,3 +79,21 @@ def test_every_member_that_runs_with_vllm_is_in_the_vllm_lane():
     assert not missing, f"not trained through vLLM by any lane recipe: {missing}"
     assert re.search(r"generator\s*=\s*vllm|\"rollout.generator=vllm\"", (ROOT / "tests/vllm_lane/test_vllm_methods.py")
                      .read_text())
+
+
+def test_the_async_column_is_the_load_check():
+    """Each "no" in the async column is the one-line refusal at load, each "yes" generator or teacher loads."""
+    base = ["rollout.max_async_level=1"]
+    for e in BUILTIN:
+        key = {"generator": "rollout.generator", "teacher": "teacher"}.get(e.kind)
+        if key is None or e.name in ("model", "vllm"):  # a teacher path to give, an engine to install
+            continue
+        args = [*base, f"{key}={e.name}"] + (["loss.terms=[{name: ppo_clip}, {name: teacher_kl, weight: 0.1}]"]
+                                              if e.kind == "teacher" and e.name != "none" else [])
+        if support(e)["async"].startswith("no"):
+            with pytest.raises(ConfigError, match="rollout.max_async_level=1"):
+                load(None, args)
+        else:
+            load(None, args)
+    assert support(KINDS["teacher"].get("privileged"))["async"] == "no: reads the weights being updated"
+    assert support(KINDS["driver"].get("agon"))["async"].startswith("no: ")

@@ -67,27 +67,50 @@ def worker_refusal(entry: Any) -> str:
 
 def support(entry: Any) -> dict[str, str]:
     """One member's row of the support matrix (docs/methods.md): ``yes``, ``driver`` (runs in the training
-    process, whatever the engine) or ``no: <reason>`` (refused at load), for the vLLM generator and for Ray
-    rollout workers. With vLLM every stage but the generator is unchanged: they reach generation only through the
-    ``Generator`` interface, which the vLLM lane runs every lab recipe through
-    (tests/vllm_lane/test_vllm_methods.py)."""
+    process, whatever the engine) or ``no: <reason>`` (refused at load), for the vLLM generator, for Ray rollout
+    workers and for asynchronous rollouts (``rollout.max_async_level`` > 0, ``config/check.py``). With vLLM every
+    stage but the generator is unchanged: they reach generation only through the ``Generator`` interface, which the
+    vLLM lane runs every lab recipe through (tests/vllm_lane/test_vllm_methods.py)."""
     if entry.kind == "driver":  # a driver lists what it refuses on its config class (and its check() refuses it)
         refused = getattr(entry.config, "REFUSES", {})
-        return {k: f"no: {refused[k]}" if k in refused else "yes" for k in ("vllm", "ray")}
+        return {k: f"no: {refused[k]}" if k in refused else "yes" for k in ("vllm", "ray", "async")}
     vllm = "yes" if entry.kind != "generator" or "vllm_engine" in entry.abilities("provides", None) else "—"
     why = worker_refusal(entry)
     ray = f"no: {why}" if why else "yes" if entry.kind in WORKER_KINDS else "driver"
-    return {"vllm": vllm, "ray": ray}
+    return {"vllm": vllm, "ray": ray, "async": async_refusal(entry) or "yes"}
+
+
+def async_refusal(entry: Any) -> str:
+    """``no: <reason>`` when ``entry`` cannot run with asynchronous rollouts (the load check, ``config/check.py``:
+    a generator that cannot sample from a weight snapshot, a teacher that reads the weights being updated), else
+    "". A teacher's abilities are read for its default config (one with a required field reads none here)."""
+    if entry.kind == "generator" and not (entry.snapshot or entry.own_weights):
+        return "no: cannot sample from a weight snapshot"
+    if entry.kind == "teacher":
+        try:
+            provides = entry.abilities("provides", entry.config())
+        except (TypeError, ValueError):
+            provides = ()
+        if "reads_live_policy" in provides:
+            return "no: reads the weights being updated"
+    return ""
+
+
+SUPPORT_LEGEND = ("yes: runs with it; driver: runs in the training process, unchanged (Ray workers run only the "
+                  "generator, the group builder and the reward terms); —: not applicable (another generator); "
+                  "no: refused at load, with the reason. async rollouts: rollout.max_async_level > 0 (yes: the "
+                  "load check accepts it).")
 
 
 def support_table() -> list[str]:
-    """The support matrix as markdown rows (``groupwise list --support``; docs/methods.md shows a copy), one row
-    per registered member, plug-ins included, from ``support``: generated, never hand-kept."""
-    out = ["| kind | member | vLLM generator | Ray workers |", "|---|---|---|---|"]
+    """The support matrix as markdown rows (``groupwise list --support``, which prints ``SUPPORT_LEGEND`` under it;
+    docs/methods.md shows a copy), one row per registered member, plug-ins included, from ``support``: generated,
+    never hand-kept."""
+    out = ["| kind | member | vLLM generator | Ray workers | async rollouts |", "|---|---|---|---|---|"]
     for kind in KINDS:
         for e in registry(kind).entries():
             row = support(e)
-            out.append(f"| {kind} | `{e.name}` | {row['vllm']} | {row['ray']} |")
+            out.append(f"| {kind} | `{e.name}` | {row['vllm']} | {row['ray']} | {row['async']} |")
     return out
 
 

@@ -197,9 +197,9 @@ def _list(args) -> int:
     for ref in args.plugin:
         plugins.import_ref(ref)
     if args.support:
-        from groupwise.catalog import support_table
+        from groupwise.catalog import SUPPORT_LEGEND, support_table
 
-        print("\n".join(support_table()))
+        print("\n".join([*support_table(), "", SUPPORT_LEGEND]))
         return 0
     for kind in KINDS:
         if args.kind and args.kind not in kind:
@@ -215,7 +215,20 @@ def _config(args) -> int:
 
     from groupwise.config import load, to_dict
 
-    print(yaml.safe_dump(to_dict(load(args.recipe, args.overrides)), sort_keys=False), end="")
+    cfg = load(args.recipe, args.overrides)
+    out, m, note = to_dict(cfg), cfg.model, ""
+    if not m.warm_starts:  # the SFT settings of a model that gets no warm start: said once, not shown as if active
+        why = ("warm_start_steps: 0" if m.warm_start_steps == 0 else "false" if m.warm_start is False
+               else "auto resolves to false for a pretrained model; true warm-starts it")
+        unused = ("warm_start_steps", "warm_start_lr", "warm_start_batch")[1 if m.warm_start_steps == 0 else 0:]
+        for key in unused:
+            del out["model"][key]
+        note = f"  # no warm start ({why}): {', '.join(unused)} unused, not shown"
+    text = yaml.safe_dump(out, sort_keys=False).splitlines()
+    if note:
+        at = next(i for i, line in enumerate(text) if line.startswith("  warm_start:") and i > text.index("model:"))
+        text[at] += note
+    print("\n".join(text))
     return 0
 
 
@@ -265,7 +278,8 @@ def parser() -> argparse.ArgumentParser:
     li = sub.add_parser("list", help="registered components (plugins marked with their module)")
     li.add_argument("kind", nargs="?", default="")
     li.add_argument("--plugin", action="append", default=[], help="a plugin file or module to import first")
-    li.add_argument("--support", action="store_true", help="the support matrix (vLLM generator, Ray workers), markdown")
+    li.add_argument("--support", action="store_true", help="the support matrix (vLLM generator, Ray workers, "
+                    "asynchronous rollouts), markdown")
     li.set_defaults(fn=_list)
     cf = sub.add_parser("config", help="print the resolved config of a recipe + overrides")
     cf.add_argument("recipe")
@@ -294,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     offline_by_default()  # the hub only for a hub id in model.path (models/sources.py)
     from transformers.utils import logging as hf_logging
 
+    from groupwise.log import quiet_libraries
+
     hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_libraries()
     try:
         return args.fn(args)
     except ConfigError as e:

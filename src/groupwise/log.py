@@ -20,7 +20,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -213,20 +214,106 @@ class Logger:
 WARM_START = "building the warm start (SFT)"
 """The warm start's progress line: shown only while it is built (a cached or packaged one shows nothing)."""
 
+QUIET_S = 30.0
+"""Piped output (a log file, CI): the longest a run stays silent while a phase or its steps go on."""
+
+_ticks: ContextVar[Callable[[int], None] | None] = ContextVar("groupwise_ticks", default=None)
+
+
+def advance(n: int) -> None:
+    """``n`` more items of the work under way are done (a generator's finished completions): counted by the
+    ``counting`` callback around it (the screen's counter, ``Progress.phase``); a no-op anywhere else."""
+    if n > 0 and (tick := _ticks.get()) is not None:
+        tick(n)
+
+
+@contextlib.contextmanager
+def counting(tick: Callable[[int], None] | None) -> Iterator[None]:
+    """``advance`` calls inside the block go to ``tick`` (None: nowhere)."""
+    token = _ticks.set(tick)
+    try:
+        yield
+    finally:
+        _ticks.reset(token)
+
+
+@contextlib.contextmanager
+def work(n: int) -> Iterator[None]:
+    """A call that does ``n`` items: the ``advance``s inside it count, at most ``n``, and what they left uncounted
+    is counted when it returns (an engine that reports nothing is counted at once, when it is done)."""
+    outer = _ticks.get()
+    if outer is None:
+        yield
+        return
+    left = [n]
+
+    def tick(k: int) -> None:
+        k = min(k, left[0])
+        left[0] -= k
+        if k:
+            outer(k)
+
+    with counting(tick):
+        yield
+    if left[0]:
+        outer(left[0])
+
+
+def quiet_libraries() -> None:
+    """Third-party progress bars off: they draw over the run's own display and fill a piped log with ``\\r``
+    frames. The hub's and datasets' through their environment variables (read when they are imported; a value
+    the user set is kept) and, where already imported, their switches; transformers' through its switch, and its
+    GGUF conversion's ("Converting and de-quantizing GGUF tensors", a plain tqdm bar) made to follow that switch.
+    Imports only what the process has imported (the GGUF module: a part of transformers)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # the hub's too
+        with contextlib.suppress(ImportError):
+            import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+            gguf_utils.tqdm = hf_logging.tqdm  # its own tqdm import ignores transformers' switch
+    elif "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+
+
+def step_info(m: dict[str, float], async_level: int = 0) -> str:
+    """The screen's numbers for a finished step, ``—`` for one it did not log; "" before the first step (never
+    placeholder zeros). With asynchronous rollouts (``rollout.max_async_level`` K > 0), the staleness too."""
+    if not m:
+        return ""
+
+    def num(key: str, spec: str) -> str:
+        return format(m[key], spec) if key in m else "—"
+
+    out = (f"reward {num('reward/mean', '.3f')}  acc {num('reward/correct_frac', '.3f')}  "
+           f"len {num('rollout/completion_len_mean', '.1f')}  {num('perf/gen_tokens_per_s', ',.0f')} tok/s")
+    return out + (f"  staleness {num('rollout/staleness_mean', '.1f')}" if async_level else "")
+
 
 class Progress:
-    """A rich progress bar with live reward, accuracy, completion length and generated tokens/s.
+    """The run's screen: a rich progress bar with the phase under way (``phase``: loading the model, an eval with
+    its counter, a step's generation and update) and the last step's reward, accuracy, completion length and
+    generated tokens/s; with asynchronous rollouts (``async_level`` K > 0) K in the title and the staleness too.
 
-    On a terminal it is a live bar; otherwise (CI logs, files) it prints a plain line every ~10% of the run.
-    With ``enabled=False`` it prints only notes.
+    On a terminal it is a live bar. Otherwise (CI logs, files) it prints plain lines: a step every ~10% of the
+    run, each phase's start until the first step has finished, and whatever is under way whenever nothing was
+    printed for ``QUIET_S`` seconds. With ``enabled=False`` it prints only notes.
     """
 
-    def __init__(self, total: int, start: int, enabled: bool, title: str = "train", console=None):
+    def __init__(self, total: int, start: int, enabled: bool, title: str = "train", console=None,
+                 async_level: int = 0):
         import sys
 
         tty = console.is_terminal if console is not None else sys.stdout.isatty()  # console: rich's (tests)
         self.total, self.plain = total, enabled and not tty
         self.enabled = enabled and not self.plain
+        self.async_level, self._metrics, self._phase = async_level, "", ("", 0, 0)
+        self._said, self._stepped = time.monotonic(), False
         if not self.enabled:
             return
         from rich.progress import (
@@ -242,25 +329,75 @@ class Progress:
         def whole(width: int) -> Column:  # a narrow terminal shrinks the bar and cuts the info, never these
             return Column(no_wrap=True, min_width=width)
 
+        title += f" (async K={async_level})" if async_level else ""
+        # the info (phase and numbers) gets what the rest leaves, a 10-column bar included, and is cut there
+        self._info_column = Column(no_wrap=True, overflow="ellipsis")
+        self._others = len(title) + 2 * len(str(total)) + 1 + 7 + 7 + 10 + 5  # columns, then their gaps
         self._p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
                                MofNCompleteColumn(table_column=whole(2 * len(str(total)) + 1)),
                                TimeElapsedColumn(table_column=whole(7)),
                                TimeRemainingColumn(table_column=whole(7)),
-                               TextColumn("{task.fields[info]}",
-                                          table_column=Column(no_wrap=True, overflow="ellipsis")),
+                               TextColumn("{task.fields[info]}", table_column=self._info_column),
                                transient=False, console=console)
         self._task = self._p.add_task(title, total=total, completed=start, info="")
         self._p.start()
 
     def update(self, step: int, m: dict[str, float]) -> None:
-        if not self.enabled and not (self.plain and m and (step % max(self.total // 10, 1) == 0)):
+        self._metrics = step_info(m, self.async_level)
+        if self.enabled:
+            self._p.update(self._task, completed=step)
+            self._show()
+        elif self.plain and m and (step % max(self.total // 10, 1) == 0 or not self._stepped or self._quiet()):
+            self._say(f"step {step}/{self.total}  {self._metrics}")
+        self._stepped = self._stepped or bool(m)
+
+    @contextlib.contextmanager
+    def phase(self, label: str, total: int = 0, about: str = "") -> Iterator[None]:
+        """Show ``label`` while the block runs; with ``total``, a counter of the items ``advance`` reports inside
+        it. Piped, its start is one line (``label: about``) until the first step has finished, later only after
+        ``QUIET_S`` seconds of silence; its counter, only after such a silence. The enclosing phase comes back when
+        it ends."""
+        if not (self.enabled or self.plain):
+            yield
             return
-        info = (f"reward {m.get('reward/mean', 0):.3f}  acc {m.get('reward/correct_frac', 0):.3f}  "
-                f"len {m.get('rollout/completion_len_mean', 0):.1f}  {m.get('perf/gen_tokens_per_s', 0):,.0f} tok/s")
-        if self.plain:
-            print(f"step {step}/{self.total}  {info}", flush=True)
-        else:
-            self._p.update(self._task, completed=step, info=info)
+        before, self._phase = self._phase, (label, 0, total)
+        if self.plain and (not self._stepped or self._quiet()):
+            self._say(f"{label}: {about}" if about else f"{label} ...")
+        self._show()
+        try:
+            with counting(self._tick if total else None):
+                yield
+        finally:
+            self._phase = before
+            self._show()
+
+    def _tick(self, n: int) -> None:
+        label, done, total = self._phase
+        self._phase = (label, done + n, total)
+        if self.plain and self._quiet():
+            self._say(f"{label}: {self._counter()}")
+        self._show()
+
+    def _counter(self) -> str:
+        _, done, total = self._phase
+        return f"{done}/{total}" if done <= total else f"{done}"
+
+    def _info(self) -> str:
+        label, _, total = self._phase
+        now = f"{label} ({self._counter()})" if label and total else label
+        return "  ·  ".join(x for x in (now, self._metrics) if x)
+
+    def _show(self) -> None:
+        if self.enabled:
+            self._info_column.max_width = max(12, self._p.console.width - self._others)  # (a resize: from here)
+            self._p.update(self._task, info=self._info())
+
+    def _quiet(self) -> bool:
+        return time.monotonic() - self._said >= QUIET_S
+
+    def _say(self, text: str) -> None:
+        print(text, flush=True)
+        self._said = time.monotonic()
 
     def callback(self, title: str):
         """A ``(i, n, loss)`` callback that shows a sub-task (e.g. the warm start) in the same display."""
@@ -268,8 +405,8 @@ class Progress:
 
         def cb(i: int, n: int, loss: float) -> None:
             if not self.enabled:
-                if self.plain and (i == 1 or i == n or i % max(n // 10, 1) == 0):
-                    print(f"{title}: {i}/{n} loss {loss:.4f}", flush=True)
+                if self.plain and (i == 1 or i == n or i % max(n // 10, 1) == 0 or self._quiet()):
+                    self._say(f"{title}: {i}/{n} loss {loss:.4f}")
                 return
             if "task" not in state:
                 state["task"] = self._p.add_task(title, total=n, info="")
@@ -282,6 +419,7 @@ class Progress:
             self._p.console.print(text)
         else:
             print(text, flush=True)
+            self._said = time.monotonic()
 
     def close(self) -> None:
         if self.enabled:

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import re
@@ -131,14 +132,15 @@ def test_eval_lines_name_the_step_once(monkeypatch):
 
     notes = []
     session = NS(log_eval=lambda step, tag, metrics, records, note: notes.append(note),
-                 logger=NS(log=lambda step, m: None), progress=NS(note=notes.append))
+                 logger=NS(log=lambda step, m: None),
+                 progress=NS(note=notes.append, phase=lambda *a, **kw: contextlib.nullcontext()))
     m = {"eval/mean_at_k": 0.5, "eval/greedy_acc": 0.25, "eval/len_mean": 9.0, "eval/cascade_ab_acc": 0.5,
          "eval/cascade_ba_acc": 0.5, "eval/solo_a_acc": 0.5, "eval/solo_b_acc": 0.5, "eval/macro_mean_at_k": 0.5,
          "eval/worst_mean_at_k": 0.5}
     monkeypatch.setattr(trainer, "evaluate_run", lambda p, problems: (m, []))
     monkeypatch.setattr(agon, "cascade_eval", lambda players, cfg, acfg: (m, []))
     monkeypatch.setattr(federated, "eval_metrics", lambda per_client: m)
-    trainer._eval(NS(cfg=NS(eval=NS(k=4, n_problems=1)), task=NS(test=[])), 20, session, "step_20")
+    trainer._eval(NS(cfg=NS(eval=NS(k=4, n_problems=1, greedy=True)), task=NS(test=[])), 20, session, "step_20")
     agon.run_eval([], None, None, session, 20)
     federated.Loop.evaluate(NS(session=session, state=NS(weights=None)), NS(evaluate=lambda w: {0: {}}), 20)
     assert [n.split(":")[0] for n in notes] == ["eval step 20"] * 3 and not any("step_" in n for n in notes)
@@ -230,3 +232,37 @@ def test_compare_and_plot_say_when_eval_k_differs(tmp_path, monkeypatch):
     plot([a, b], tmp_path / "k.png", metrics=("eval/mean_at_k",))
     plot([a, c], tmp_path / "same.png", metrics=("eval/mean_at_k",))
     assert seen == ["a (eval.k 4)", "b (eval.k 8)", "a", "c"]
+
+
+def test_config_does_not_show_warm_start_settings_a_model_does_not_use(tmp_path, capsys):
+    """Issue 47: the real-model recipe listed warm_start_steps/_lr/_batch as if they applied (``auto`` does not
+    warm-start a pretrained model)."""
+    import yaml
+
+    from groupwise.config import load, to_dict
+
+    recipe = str(Path(__file__).parents[2] / "recipes" / "smollm2_math.yaml")
+    assert main(["config", recipe]) == 0
+    out = capsys.readouterr().out
+    model = yaml.safe_load(out)["model"]
+    assert not {"warm_start_steps", "warm_start_lr", "warm_start_batch"} & set(model), model
+    assert "warm_start: auto  # no warm start (auto resolves to false for a pretrained model" in out
+    (tmp_path / "printed.yaml").write_text(out)  # what it prints loads back to the same settings
+    assert to_dict(load(tmp_path / "printed.yaml")) == to_dict(load(recipe))
+    for args in ([recipe, "model.warm_start=true"], ["recipes/grpo_lab.yaml"]):  # a warm start: its settings shown
+        assert main(["config", *args]) == 0
+        out = capsys.readouterr().out
+        assert "warm_start_steps:" in out and "no warm start" not in out
+    assert main(["config", "recipes/grpo_lab.yaml", "model.warm_start_steps=0"]) == 0
+    model = yaml.safe_load(capsys.readouterr().out)["model"]
+    assert model["warm_start_steps"] == 0 and "warm_start_lr" not in model
+
+
+def test_the_readmes_error_examples_are_what_the_cli_prints(capsys):
+    """Issue 47: README showed an `allowed:` list from before trainer.data_parallel existed."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    shown = re.findall(r"^\$ groupwise (train .*)\n(error: .*)$", readme, re.M)
+    assert len(shown) == 2, shown
+    for command, error in shown:
+        assert main(command.split()) == 2
+        assert capsys.readouterr().err.strip() == error

@@ -31,7 +31,7 @@ def echo_driver():
 def test_the_default_driver_is_single():
     cfg = load(None)
     assert cfg.driver.name == "single" and cfg.driver in cfg.specs()
-    assert support(DRIVERS.get("single")) == {"vllm": "yes", "ray": "yes"}
+    assert support(DRIVERS.get("single")) == {"vllm": "yes", "ray": "yes", "async": "yes"}
 
 
 def test_run_calls_the_selected_driver_with_its_config(echo_driver):
@@ -40,7 +40,7 @@ def test_run_calls_the_selected_driver_with_its_config(echo_driver):
 
 
 def test_a_declared_refusal_is_a_one_line_load_error(echo_driver):
-    assert support(echo_driver) == {"vllm": "no: it echoes", "ray": "yes"}
+    assert support(echo_driver) == {"vllm": "no: it echoes", "ray": "yes", "async": "yes"}
     with pytest.raises(ConfigError, match=r"^driver: driver 'echo_test' does not run with vllm: it echoes$"):
         load(None, ["driver=echo_test", "rollout.generator=vllm"])
 

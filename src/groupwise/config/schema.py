@@ -88,6 +88,14 @@ class ModelConfig:
                ("warm_start_steps", lambda v: v >= 0, ">= 0"), ("warm_start_lr", lambda v: v > 0, "> 0"),
                ("warm_start_batch", lambda v: v >= 1, ">= 1"))
 
+    @property
+    def warm_starts(self) -> bool:
+        """Whether this model starts from a warm start, as ``models/load.py`` decides: ``auto`` is true for an
+        embedded model and false for a pretrained one, ``true`` for both, and never with ``warm_start_steps: 0``
+        (else ``warm_start_steps``, ``_lr`` and ``_batch`` are unused)."""
+        embedded = self.path.startswith("embedded:")
+        return self.warm_start_steps > 0 and (self.warm_start is True or (self.warm_start == "auto" and embedded))
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ToolsConfig:

@@ -14,6 +14,7 @@ from groupwise.advantages import Advantage, AdvantageTransform
 from groupwise.config import RunConfig
 from groupwise.credit import Credit
 from groupwise.filter import Filter
+from groupwise.log import Progress, work
 from groupwise.loop.record import Recorder
 from groupwise.models import fsdp
 from groupwise.parallel import data_parallel
@@ -63,7 +64,8 @@ class CountingGenerator:
         if self.check is not None and self.probe is None and self.model is not None:
             self._verify(self.model, logged=False)  # the engine's first weights (vLLM starts from dummy ones)
         t0 = time.perf_counter()
-        out = self.inner.generate(requests, params, rng)
+        with work(len(requests)):  # the screen's counter (an eval's, a step's generation): one per completion
+            out = self.inner.generate(requests, params, rng)
         self.seconds += time.perf_counter() - t0
         self.tokens += sum(int(c.completion_ids.numel()) for c in out)
         self.prompt_tokens += sum(int(r.prompt_ids.numel()) for r in requests)
@@ -152,6 +154,7 @@ class Pipeline:
     recorder: Recorder
     shards: Any = None  # builds and scores the step's rollout shards (``loop/workers.py``)
     lag: Any = None  # ``lag.Lag`` with rollout.max_async_level > 0: weight versions and the snapshot pipeline
+    screen: Progress = dataclasses.field(default_factory=lambda: Progress(0, 0, False))  # the run's (its phases)
 
     def encode(self, problem: Problem) -> Tensor:
         return encode(problem, self.tokenizer, self.cfg.model.chat_template)

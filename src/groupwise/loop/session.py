@@ -64,7 +64,8 @@ class Session:
             take_lock(self.run_dir)
         if main and not resume and (self.run_dir / "metrics.jsonl").exists() and not overwrite:
             raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume to continue it or --overwrite")
-        self.progress = Progress(cfg.trainer.steps, 0, cfg.trainer.progress and main)
+        k = cfg.rollout.max_async_level
+        self.progress = Progress(cfg.trainer.steps, 0, cfg.trainer.progress and main, async_level=k)
         if not main:
             self.progress.note = lambda message: None  # rank 0 says it
         if main:
@@ -76,7 +77,9 @@ class Session:
             self._open_dir(fresh=overwrite and not resume)
         self.checkpoint = self._find_checkpoint() if resume else None
         self.progress.note(f"run {self.run_dir}" + (f" (resuming from {self.checkpoint.name})"
-                                                    if self.checkpoint else ""))
+                                                    if self.checkpoint else "")
+                           + (f"; asynchronous: rollouts sampled up to {k} policy version{'s' * (k > 1)} behind "
+                              f"(rollout.max_async_level={k})" if k else ""))
         self.counters = {"gen_tokens_total": 0.0, "wall_s_total": 0.0}
         self.stop: list[int] = []
         self.logger: Logger | None = None

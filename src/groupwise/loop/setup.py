@@ -21,6 +21,7 @@ import torch
 from groupwise import catalog
 from groupwise.config import RunConfig, Spec, loss_needs
 from groupwise.eval.evaluate import forced_prefix_ids
+from groupwise.log import quiet_libraries
 from groupwise.loop import workers
 from groupwise.loop.pipeline import CountingGenerator, CountingTeacher, Part, Pipeline, encode
 from groupwise.loop.record import Recorder
@@ -126,13 +127,20 @@ def loss_terms(specs: tuple[Spec, ...], env: BuildEnv, parts: list[Part] | None 
     return [BoundLoss(s.name, s.weight, p.obj, p.entry, p.entry.needs_of(s.cfg)) for p, s in zip(bound, specs)]
 
 
+def process_settings(cfg: RunConfig) -> None:
+    """This process's settings for a run, before any data or model loads: torch's threads (``trainer.threads``),
+    and no third-party progress bars (``log.quiet_libraries``)."""
+    quiet_libraries()
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+
+
 def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True,
           worker: bool = False, train: bool = True) -> Pipeline:
     """``io=False`` (the other ranks of a multi-process run): the rollout recorder writes nothing. ``worker``
     (inside a Ray rollout worker): no teacher, no reference model, and its shards run in that process.
     ``train=False`` (``groupwise eval``): the model's memory check counts its weights only."""
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
+    process_settings(cfg)
     task = bind("task", cfg.task, BuildEnv(run=cfg, seed=cfg.seed)).obj
     policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress, train)
     check_chat_template(cfg, task, tokenizer, say=io and not worker)

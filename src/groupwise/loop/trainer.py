@@ -32,11 +32,20 @@ from groupwise.types import Group, ScoredBatch, TokenBatch
 def rl_step(p: Pipeline, step: int) -> dict[str, float]:
     """One synchronous RL step through every stage (``rollout.max_async_level: 0``); returns its metrics."""
     t0 = time.perf_counter()
-    with p.full_weights():  # FSDP: rollout, advantage, replay, credit on the whole weights (else a no-op)
+    # FSDP: rollout, advantage, replay, credit on the whole weights (else a no-op)
+    with p.full_weights(), p.screen.phase(f"step {step + 1}: generating", rollout_rows(p)):
         work = prepare(p, rollout_stage(p, step, version=step))
     p.generator.release()  # the rollout stage is over (an engine may free its memory for the update)
     t1 = time.perf_counter()
-    return finish(p, work, p.learner.step(work.tokens) if work.tokens.samples else {}, t0, t1)
+    with p.screen.phase(f"step {step + 1}: updating"):
+        return finish(p, work, p.learner.step(work.tokens) if work.tokens.samples else {}, t0, t1)
+
+
+def rollout_rows(p: Pipeline) -> int:
+    """The completions this process generates for a step (N·G of its share of the prompts), for the screen's
+    counter (refills and builders that sample more go past it)."""
+    r = p.cfg.rollout
+    return len(distributed.shard(list(range(r.prompts_per_step)))) * r.group_size
 
 
 def lagged_step(p: Pipeline, step: int) -> dict[str, float]:
@@ -45,16 +54,20 @@ def lagged_step(p: Pipeline, step: int) -> dict[str, float]:
     runs in a background thread."""
     lag, t0 = p.lag, time.perf_counter()
     lag.keep(step)  # version `step`: the weights after step − 1's update
-    work = prepare(p, lag.take(step) or lagged_rollout(p, step))
+    with p.screen.phase(f"step {step + 1}: generating", rollout_rows(p)):
+        work = prepare(p, lag.take(step) or lagged_rollout(p, step))
     lag.behaviour(work.tokens, step)  # π_old of the rows the update runs, on the snapshot that sampled them
     t1 = time.perf_counter()
-    update = lag.start(step, lambda: p.learner.step(work.tokens) if work.tokens.samples else {})
-    try:
-        lag.capture()  # the rollout stage's state before step + 1's rollout: what a checkpoint here holds
-        lag.ahead = lagged_rollout(p, step + 1) if step + 1 < p.cfg.trainer.steps else None
-    finally:
-        out = update.result()  # joined also when the rollout raised (bounded by rollout.async_timeout_s)
-    return finish(p, work, out, t0, t1)
+    more = step + 1 < p.cfg.trainer.steps
+    with p.screen.phase(f"step {step + 1}: updating" + (f", generating {step + 2}" if more else ""),
+                        rollout_rows(p) if more else 0):
+        update = lag.start(step, lambda: p.learner.step(work.tokens) if work.tokens.samples else {})
+        try:
+            lag.capture()  # the rollout stage's state before step + 1's rollout: what a checkpoint here holds
+            lag.ahead = lagged_rollout(p, step + 1) if more else None
+        finally:
+            out = update.result()  # joined also when the rollout raised (bounded by rollout.async_timeout_s)
+        return finish(p, work, out, t0, t1)
 
 
 def lagged_rollout(p: Pipeline, step: int) -> Rollout:
@@ -167,8 +180,10 @@ def run_eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, fl
 
 
 def _eval(p: Pipeline, step: int, session: Session, tag: str) -> dict[str, float]:
-    e = p.cfg.eval
-    metrics, records = evaluate_run(p, p.task.test[:e.n_problems])
+    e, problems = p.cfg.eval, p.task.test[:p.cfg.eval.n_problems]
+    rows = len(problems) * (e.k + int(e.greedy))
+    with session.progress.phase(f"eval step {step}", rows, f"{len(problems)} problems, {rows} completions"):
+        metrics, records = evaluate_run(p, problems)
     session.log_eval(step, tag, metrics, records, f"eval step {step}: mean@{e.k} "
                      f"{metrics.get('eval/mean_at_k', 0):.3f}  "
                      f"greedy {metrics.get('eval/greedy_acc', float('nan')):.3f}  "
@@ -186,7 +201,9 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
     if not main:
         distributed.barrier()
     session = Session(cfg, resume, overwrite, main=main)
-    p = build(cfg, session.checkpoint, progress=session.progress.callback(WARM_START), io=main)
+    with session.progress.phase("loading the model", about=cfg.model.path):
+        p = build(cfg, session.checkpoint, progress=session.progress.callback(WARM_START), io=main)
+    p.screen = session.progress
     if main:
         distributed.barrier()
     step = session.restore(p)

@@ -144,6 +144,8 @@ class HFGenerator:
         return False
 
     def _generate(self, reqs: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
+        from groupwise.log import advance  # (here: loading a recipe that names this generator stays light)
+
         st = _Decode.start(reqs, params, self.pad_id)
         is_fused = self._fused(max(len(r.prompt_ids) for r in reqs) + st.steps)  # (the prefill's width)
         cache, logits, attn, next_pos = self._prefill(reqs, is_fused and self._dtype is not None)
@@ -155,7 +157,9 @@ class HFGenerator:
             tok, done = st.record(t, tok, lp, eos)
             if params.stop:
                 self._stop_strings(st, t, done, params.stop)
+            live = int(st.live.sum())
             st.live = st.live & ~done & (st.length[st.rows] < st.caps[st.rows])
+            advance(live - int(st.live.sum()))  # finished completions, for the run's screen (log.py)
             if not st.live.any():
                 break
             if st.live.float().mean() < self.cfg.compact_below:  # shrink the cache to the live rows

@@ -262,3 +262,16 @@ def test_a_section_given_a_scalar_names_its_fields_not_its_class(tmp_path):
         with pytest.raises(ConfigError, match=rf"{section}: expected a mapping of \{{\w+.*\}}, got 5$") as e:
             load(None, [f"{section}=5"])
         assert "Config" not in str(e.value)
+
+
+@pytest.mark.parametrize(("path", "warm_start", "steps", "expected"), [
+    ("embedded:lab-tiny", "auto", 600, True), ("embedded:lab-tiny", True, 600, True),
+    ("embedded:lab-tiny", False, 600, False), ("embedded:lab-tiny", "auto", 0, False),
+    ("smollm2-135m-instruct", "auto", 600, False), ("smollm2-135m-instruct", True, 600, True),
+    ("some/model-dir", False, 600, False), ("some/model-dir", True, 0, False)])
+def test_warm_starts_resolves_auto_as_the_loader_does(path, warm_start, steps, expected):
+    """``auto``: embedded models warm-start, pretrained ones only with ``true`` (models/load.py)."""
+    from groupwise.config import ModelConfig
+
+    cfg = ModelConfig(path=path, warm_start=warm_start, warm_start_steps=steps)
+    assert cfg.warm_starts is expected
