@@ -20,6 +20,7 @@ from groupwise.loop.lag import UpdateFailed, trainable
 from groupwise.loop.setup import build
 from groupwise.loop.trainer import lagged_step, prepare, train
 from groupwise.registry import ConfigError
+from groupwise.rollout.sync_check import StaleEngineError
 from groupwise.update import Learner
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
@@ -243,3 +244,92 @@ def test_groups_older_than_k_are_refused(tmp_path, cache, monkeypatch):
     monkeypatch.setattr(lag_mod.Lag, "at", lambda self, step: (real(self, step)[0], step - 2))  # a wrong lag
     with pytest.raises(RuntimeError, match=r"step 1: groups of policy version -2; rollout.max_async_level=1"):
         run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1")
+
+
+def _skip_the_copy(monkeypatch):
+    """The fault of issue 48: ``Lag.at`` believes the snapshot already holds the version it needs, so the copy
+    into it is skipped and every rollout comes from the warm start's weights."""
+    real = lag_mod.Lag.at
+
+    def at(self, step):
+        self.loaded = max(0, step - self.k)
+        return real(self, step)
+
+    monkeypatch.setattr(lag_mod.Lag, "at", at)
+
+
+def test_a_snapshot_that_missed_its_copy_stops_the_run_in_one_line_with_sync_check_error(tmp_path, cache,
+                                                                                        monkeypatch):
+    """The snapshot is checked against the trainer's weights of the version it should hold, not against itself:
+    step 2 is sampled by version 1, and a snapshot still holding version 0 is caught there."""
+    _skip_the_copy(monkeypatch)
+    with pytest.raises(StaleEngineError, match=r"^rollout.sync_check: the weight snapshot of rollout.max_async_level "
+                                               r"does not hold policy version 1 \(.*\); allowed: .*$"):
+        run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1", "rollout.sync_check=error")
+
+
+def test_a_snapshot_that_missed_its_copy_is_counted_and_copied_again_with_resync(tmp_path, cache, monkeypatch):
+    _skip_the_copy(monkeypatch)
+    got = run(tmp_path / "b", cache, monkeypatch, "rollout.max_async_level=1")
+    assert [r["sync/failures"] for r in got] == [0.0, 1.0, 0.0]  # found while step 2 was rolled out ahead
+    monkeypatch.undo()
+    whole = run(tmp_path / "a", cache, monkeypatch, "rollout.max_async_level=1")
+    assert [r["sync/snapshot_version"] for r in whole] == [0.0, 0.0, 1.0]  # each rollout's snapshot, verified
+    # copied again before the rollout: the run is the undisturbed run
+    assert [{k: v for k, v in r.items() if k != "sync/failures"} for r in got] == \
+        [{k: v for k, v in r.items() if k != "sync/failures"} for r in whole]
+
+
+def test_the_snapshot_check_is_off_with_sync_check_none(tmp_path, cache, monkeypatch):
+    """Not checked: no ``sync/snapshot_version`` (a missing check is never logged as one that passed)."""
+    got = run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1", "rollout.sync_check=none")
+    assert not [k for r in got for k in r if k.startswith("sync/")]
+
+
+HOLDS_THE_GIL = """
+import ctypes, sys, time
+from groupwise.cli import main
+from groupwise.update import Learner
+
+real, calls = Learner.step, []
+
+def step(self, batch):
+    calls.append(1)
+    if len(calls) == 2:  # step 2's update, after step 1's checkpoint
+        open(sys.argv[1], "w").write(repr(time.monotonic()))
+        ctypes.PyDLL(None).sleep(600)  # C code that keeps the GIL: no other thread of the process runs
+    return real(self, batch)
+
+Learner.step = step
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_an_update_stuck_in_c_code_that_holds_the_gil_is_killed_in_one_line(tmp_path, cache, monkeypatch):
+    """``Thread.join(timeout)`` cannot return while the update thread holds the GIL: the watchdog process prints
+    the line and kills the run, and step 1's checkpoint is intact (``--resume`` goes on from it, with a longer
+    ``rollout.async_timeout_s``)."""
+    import os
+    import signal
+    import subprocess
+
+    from groupwise import checkpoint
+
+    hung = tmp_path / "hung_at"
+    env = {**os.environ, "GROUPWISE_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    args = ["train", RECIPE, *ARGS, f"out_dir={tmp_path}", "name=g", "rollout.max_async_level=1",
+            "rollout.async_timeout_s=1", "trainer.save_every=1"]
+    out = subprocess.run([sys.executable, "-c", HOLDS_THE_GIL, str(hung), *args], env=env, capture_output=True,
+                         text=True, timeout=120)
+    waited = time.monotonic() - float(hung.read_text())
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    assert out.stderr.splitlines()[-1] == (
+        f"error: rollout.async_timeout_s=1: the background update of step 2 has not finished and holds the GIL (no "
+        f"other thread ran for {lag_mod.GRACE_S:g} s more); the run was killed (its last checkpoint is intact)")
+    assert 1 + lag_mod.GRACE_S <= waited < 1 + lag_mod.GRACE_S + 20
+    saved = checkpoint.checkpoint_dir(tmp_path / "g")
+    assert sorted(c.name for c in saved.iterdir()) == ["step_0000001"]
+    assert checkpoint.damage(saved / "step_0000001") is None
+    resumed = run(tmp_path, cache, monkeypatch, "rollout.max_async_level=1", "trainer.save_every=1",
+                  "rollout.async_timeout_s=600", resume=True)  # a longer timeout: it changes no sample
+    assert [r["step"] for r in resumed] == [1, 2, 3]

@@ -31,8 +31,10 @@ and the rollout-stage parts' state from before step s's rollout (``capture``); `
 rollout from them, bit for bit (``tests/e2e/test_resume.py``). Nothing in flight is checkpointed.
 
 Failure: an update that raises stops the run in one line (``UpdateFailed``; ``NonFiniteWeights`` as is); one
-still running after ``rollout.async_timeout_s`` stops it in one line too (the thread is a daemon; the last
-checkpoint is intact). A rollout that raises waits for the running update first.
+still running ``rollout.async_timeout_s`` after it started stops it in one line too (the thread is a daemon; the
+last checkpoint is intact). One stuck in C code that holds the GIL blocks the main thread as well: a watchdog
+process (``loop/watchdog.py``) prints the same line ``GRACE_S`` later and kills the run. A rollout that raises
+waits for the running update first.
 """
 
 from __future__ import annotations
@@ -40,15 +42,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from groupwise.loop.watchdog import WATCHDOG, Watchdog
 from groupwise.loop.workers import InProcess
 from groupwise.parallel import data_parallel
 from groupwise.registry import ConfigError, RunStopped
+from groupwise.rollout.sync_check import StaleEngineError
 from groupwise.update import NonFiniteWeights
 
 if TYPE_CHECKING:
@@ -60,33 +65,78 @@ class UpdateFailed(RunStopped):
     """The background update raised or hung (one line, for the CLI)."""
 
 
+GRACE_S = 5.0
+"""How long after ``rollout.async_timeout_s`` the watchdog process waits for the main thread to report a hung
+update itself, before it kills the run (the main thread cannot while the update holds the GIL)."""
+
+
 def trainable(model: torch.nn.Module) -> dict[str, Tensor]:
     """Copies of the parameters that train (all of them, or a LoRA policy's adapter), on their device."""
     return {n: t.detach().clone() for n, t in model.named_parameters() if t.requires_grad}
 
 
-class Background:
-    """``fn()`` in a daemon thread; ``result()`` joins it within ``timeout`` seconds."""
+BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-    def __init__(self, fn: Callable[[], dict[str, float]], step: int, timeout: float):
-        self.step, self.timeout = step, timeout
+
+@torch.no_grad()
+def fingerprint(params: dict[str, Tensor], names) -> Tensor:
+    """Per parameter in ``names`` (in that order): the sum of its bytes read as 64-bit integers, modulo 2^64
+    ([len(names)], int64, on the CPU). Exact: the same on every device and in any summation order, so equal
+    weights give equal fingerprints, and one changed element changes its parameter's sum. (Its own element width
+    when its bytes do not split into 8-byte words; summed in int64 without an up-cast otherwise: 0.04-0.05 s
+    for SmolLM2-135M's weights, fp32 or bf16, on one CPU core; an up-cast took 0.3-0.7 s.)"""
+    sums = []
+    for n in names:
+        t = params[n].detach().reshape(-1)
+        size = t.element_size()
+        if (t.numel() * size) % 8 == 0 and (t.storage_offset() * size) % 8 == 0:
+            sums.append(t.view(torch.int64).sum())
+        else:
+            sums.append(t.view(BITS[size]).sum(dtype=torch.int64))
+    return torch.stack(sums).cpu()
+
+
+class Background:
+    """``fn()`` in a daemon thread; ``result()`` joins it, ``timeout`` seconds after its start at the latest.
+
+    ``watchdog``: armed before the thread starts, for ``timeout`` + ``GRACE_S`` seconds, and disarmed when ``fn``
+    returns or ``result`` gives up: an update stuck in C code that holds the GIL also blocks the main thread (the
+    join never returns), and the watchdog process ends the run with the same one line (``loop/watchdog.py``)."""
+
+    def __init__(self, fn: Callable[[], dict[str, float]], step: int, timeout: float,
+                 watchdog: Watchdog | None = None):
+        self.step, self.timeout, self.watchdog = step, timeout, watchdog
         self.out: dict[str, float] = {}
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(fn,), name=f"groupwise-update-{step + 1}",
                                        daemon=True)
+        if watchdog is not None:
+            held = f" and holds the GIL (no other thread ran for {GRACE_S:g} s more); the run was killed"
+            watchdog.arm(timeout + GRACE_S, f"error: {self._timed_out(held)}")
+        self.start = time.monotonic()
         self.thread.start()
+
+    def _timed_out(self, how: str = "; the run stopped") -> str:
+        return (f"rollout.async_timeout_s={self.timeout:g}: the background update of step {self.step + 1} has not "
+                f"finished{how} (its last checkpoint is intact)")
 
     def _run(self, fn: Callable[[], dict[str, float]]) -> None:
         try:
             self.out = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread by result()
             self.error = e
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.disarm()
 
     def result(self) -> dict[str, float]:
-        self.thread.join(self.timeout)
+        try:
+            self.thread.join(max(0.0, self.start + self.timeout - time.monotonic()))
+        finally:
+            if self.watchdog is not None:  # an update still running is reported here, in one line
+                self.watchdog.disarm()
         if self.thread.is_alive():
-            raise UpdateFailed(f"rollout.async_timeout_s={self.timeout:g}: the background update of step "
-                               f"{self.step + 1} has not finished; the run stopped (its last checkpoint is intact)")
+            raise UpdateFailed(self._timed_out())
         if isinstance(self.error, NonFiniteWeights):
             raise self.error
         if self.error is not None:
@@ -119,29 +169,83 @@ class Lag:
             p.shards.p = self.view
             self.view.shards = p.shards
         self.versions: dict[int, dict[str, Tensor]] = {}
+        self.mode = p.cfg.rollout.sync_check  # the snapshot's check (``verify``): none | resync | error
+        self.prints: dict[int, Tensor] = {}  # the trainer's weights' fingerprint at each kept version
+        self.verified: int | None = None  # the version the snapshot was verified to hold (None: not checked)
+        self.failures, self.seconds = 0, 0.0  # this step's snapshot check: stale snapshots found, its time
         self.before: dict[str, Any] = {}  # the rollout-stage parts' state before the rollout run ahead
         self.ahead: Rollout | None = None
         self.loaded: int | None = None  # the version in the snapshot
 
     def keep(self, step: int) -> None:
-        """Keep version ``step`` (the policy now, between updates)."""
+        """Keep version ``step`` (the policy now, between updates), and its fingerprint, taken from the policy
+        itself: what ``verify`` compares the snapshot with."""
         self.versions[step] = trainable(self.p.policy)
+        if self.mode != "none":
+            t0 = time.perf_counter()
+            self.prints[step] = fingerprint(dict(self.p.policy.named_parameters()), self.versions[step])
+            self.seconds += time.perf_counter() - t0
 
     def at(self, step: int) -> tuple[Pipeline, int]:
-        """The snapshot pipeline at version max(0, step − K), and that version; older versions are dropped."""
+        """The snapshot pipeline at version max(0, step − K), verified to hold it, and that version; older
+        versions are dropped."""
         v = max(0, step - self.k)
-        if self.loaded != v:
-            params = dict(self.snapshot.named_parameters())
-            with torch.no_grad():
-                for name, value in self.versions[v].items():
-                    params[name].copy_(value)
-        if self.loaded != v or self.shared:  # a shared engine was given the policy since (``trainer.finish``)
+        fresh = self.loaded != v
+        if fresh:
+            self.copy(v)
+        self.loaded = v
+        fresh = self.verify(v) or fresh
+        if fresh or self.shared:  # a shared engine was given the policy since (``trainer.finish``)
             self.view.generator.sync_weights(self.snapshot)  # an engine holding its own copy reloads (and is probed)
             self.view.shards.sync_weights(self.snapshot)  # Ray workers: the snapshot's weights with the next shard
-        self.loaded = v
         for old in [u for u in self.versions if u < v]:
             del self.versions[old]
+            self.prints.pop(old, None)
         return self.view, v
+
+    def copy(self, v: int) -> None:
+        """Copy version ``v`` into the snapshot."""
+        params = dict(self.snapshot.named_parameters())
+        with torch.no_grad():
+            for name, value in self.versions[v].items():
+                params[name].copy_(value)
+
+    def verify(self, v: int) -> bool:
+        """Check that the snapshot holds version ``v``: its fingerprint equals the trainer's weights' at ``v``
+        (``keep``), so a missed or partial copy, or a write into the snapshot, is found before the rollout (the
+        engines' probes compare them with the snapshot). A stale snapshot obeys ``rollout.sync_check``: counted
+        in ``sync/failures``, and with ``resync`` copied again and checked again; still stale, or with
+        ``error``, the run stops in one line. Returns whether it copied again (the engines then reload)."""
+        self.verified = None
+        if self.mode == "none":
+            return False
+        t0 = time.perf_counter()
+        try:
+            for retry in (True, False):
+                differ = int((fingerprint(dict(self.snapshot.named_parameters()), self.versions[v])
+                              != self.prints[v]).sum())
+                if not differ:
+                    self.verified = v
+                    return not retry
+                self.failures += 1
+                if not (retry and self.mode == "resync"):
+                    again = " after a resync" if self.mode == "resync" else ""
+                    raise StaleEngineError(
+                        f"rollout.sync_check: the weight snapshot of rollout.max_async_level does not hold policy "
+                        f"version {v}{again} ({differ} of {len(self.prints[v])} parameters differ from the trainer's "
+                        f"at version {v}); allowed: fix the copy into the snapshot (loop/lag.py), or "
+                        "rollout.sync_check=none")
+                self.copy(v)
+        finally:
+            self.seconds += time.perf_counter() - t0
+        return False
+
+    def metrics(self) -> dict[str, float]:
+        """The snapshot check's ``sync/failures`` and ``perf/sync_check_s`` this step (none with
+        ``rollout.sync_check=none``); reset for the next step."""
+        out = {"sync/failures": float(self.failures), "perf/sync_check_s": self.seconds}
+        self.failures, self.seconds = 0, 0.0
+        return out if self.mode != "none" else {}
 
     def behaviour(self, tokens: TokenBatch, step: int) -> None:
         """π_old (``Sample.old_logprobs``, the PPO ratio's denominator) of the rows step ``step``'s update runs:
@@ -159,7 +263,7 @@ class Lag:
         return r if r is not None and r.step == step else None
 
     def start(self, step: int, fn: Callable[[], dict[str, float]]) -> Background:
-        return Background(fn, step, self.timeout)
+        return Background(fn, step, self.timeout, WATCHDOG)
 
     def capture(self) -> None:
         """Record the rollout-stage parts' state (before the next rollout) for the next checkpoint."""
@@ -174,6 +278,8 @@ class Lag:
         """Restore the kept versions and put the rollout-stage parts back to before the rollout of the
         checkpoint's step (``Pipeline.load_trainer_state`` loads this after every part's own state)."""
         self.versions = {int(v): w for v, w in state["versions"].items()}
+        if self.mode != "none":  # the checkpoint's record of each version (its files are checksummed)
+            self.prints = {v: fingerprint(w, w) for v, w in self.versions.items()}
         self.before, self.ahead, self.loaded = state["components"], None, None
         for x in self.p.rollout_parts():
             if x.entry.stateful:

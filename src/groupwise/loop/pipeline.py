@@ -237,6 +237,8 @@ class Pipeline:
         if self.lag is not None and self.lag.view.generator is not self.generator:  # the snapshot's own engine
             checks.append(self.lag.view.generator.check)  # (and, with Ray workers, theirs)
         got = [c.metrics() for c in checks if c is not None]
+        if self.lag is not None and self.lag.mode != "none":  # the snapshot checked against the trainer's weights
+            got.append(self.lag.metrics())
         if got:
             out.update({"sync/failures": sum(g["sync/failures"] for g in got),
                         "perf/sync_check_s": sum(g["perf/sync_check_s"] for g in got)})

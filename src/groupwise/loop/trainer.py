@@ -71,11 +71,14 @@ def lagged_step(p: Pipeline, step: int) -> dict[str, float]:
 
 
 def lagged_rollout(p: Pipeline, step: int) -> Rollout:
-    """Step ``step``'s rollout stage on the snapshot of version max(0, step − K). Its rows' behaviour
-    log-probs come later (``Lag.behaviour``, once the advantages say which rows the update runs)."""
+    """Step ``step``'s rollout stage on the snapshot of version max(0, step − K) (``sync/snapshot_version``: the
+    version the snapshot was verified to hold, ``Lag.verify``). Its rows' behaviour log-probs come later
+    (``Lag.behaviour``, once the advantages say which rows the update runs)."""
     view, version = p.lag.at(step)
     r = rollout_stage(view, step, version)
     view.generator.release()
+    if p.lag.verified == version:  # absent when not checked (rollout.sync_check=none): never a check that passed
+        r.metrics["sync/snapshot_version"] = float(version)
     return r
 
 

@@ -31,6 +31,10 @@ claim is verified (``shares``: its ``model`` holds the trainer's parameter stora
 a copy's, probed after every sync like one, and a stale probe's error says the engine returned True.
 ``sync/probe_dlogp`` is logged only for a step with a probe after a sync: a step without one (a shared engine's)
 leaves it out, never logs 0 for a probe that did not run.
+
+The asynchronous loop's weight snapshot is a copy the probe cannot judge (its engine is probed against the snapshot
+itself): it is checked against the trainer's weights of the version it should hold, by an exact fingerprint
+(``loop/lag.py``, ``Lag.verify``), in the same modes and counted in the same ``sync/failures``.
 """
 
 from __future__ import annotations
