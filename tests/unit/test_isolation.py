@@ -166,6 +166,18 @@ def test_a_worker_over_its_memory_limit_is_ended_and_counted_and_the_run_goes_on
     assert g[0].samples[0].reward == 1.0
 
 
+def test_a_run_gives_its_verifier_worker_the_configured_memory_limit(tmp_path):
+    """``reward.worker_memory_mb`` reaches the verifier's worker of a built run, not only a Python reward term's."""
+    from groupwise.config import load
+    from groupwise.loop.setup import build
+
+    cfg = load(None, ["model.warm_start=false", "reward.verifier_isolation=process", "reward.worker_memory_mb=123",
+                      f"out_dir={tmp_path}"])
+    pipe = build(cfg)
+    assert pipe.reward.verifier.memory_mb == 123
+    pipe.reward.verifier.close()
+
+
 def test_the_memory_limit_is_what_the_worker_may_add_and_0_is_none():
     """The cap is the worker's address space at the fork plus ``memory_mb`` (a trainer's own size, CUDA's reserved
     ranges included, is not charged to the user's code); 0 leaves the limit as it was."""

@@ -170,7 +170,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: boo
     resume_step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else None
     rc = cfg.reward
     reward = RewardStage(task, terms, rc.verifier_timeout_s, rc.term_timeout_s, rc.verifier_isolation,
-                         rc.fail_fast)
+                         rc.fail_fast, rc.worker_memory_mb)
     pipe = Pipeline(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, selector=selector,
         generator=_generator(cfg, env, policy, tokenizer), builder=builder,
