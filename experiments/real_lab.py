@@ -110,7 +110,171 @@ EXPERIMENT = "real_lab"
 RECIPE = "recipes/smollm2_lab.yaml"
 STEPS, EVAL_EVERY = 60, 30
 COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=10", "trainer.sinks=[jsonl]"]
-ARMS = {"grpo": [], "grpo_2ep": ["optim.ppo_epochs=2"]}  # the two baselines; methods join as their arms are written
+# The arms: the two baselines, then one arm per method (issue 44), each the dotted overrides that turn RECIPE into
+# the method, adapted from its lab recipe (recipes/<method>_lab.yaml). Beside each: every choice and why, then what
+# its smoke showed (2 steps of 2 prompts x 8 samples on one thread, 2026-12-06; in most smokes step 1 had one group
+# at 7/8 correct and one at 8/8, step 2 two groups at 0-2/8, so a diagnostic that needs a mixed group shows on one
+# group only).
+# The recipe's lr, steps and batch are every arm's unless a line says otherwise.
+ARMS = {
+    "grpo": [],
+    "grpo_2ep": ["optim.ppo_epochs=2"],
+    # QLPO: K = 16 generated, M = 8 kept (the paper's and the lab's), alpha = 1/3; the kept group is the recipe's 8,
+    # so trained samples equal GRPO's and generation is 2x (the paper's comparison). Smoke: pool 90.6% correct ->
+    # kept 93.8%; quadrant shares before -> after sc 0.47 -> 0.50, si 0.06 -> 0.00, li 0.03 -> 0.06; 1,790 pool tokens.
+    "qlpo": ["rollout.group_size=16", "rollout.transforms=[{name: qlpo, keep: 8, alpha: 0.3333333333333333}]"],
+    # ACOER: replaces `correctness` (it contains it); `format` stays logged at weight 0. Lengths in tokens (no think
+    # block). Upstream's 1,200 steps compressed 20x into 60: warm-up 200 -> 10 steps, window 100 -> 5 calls, EMA span
+    # 50 -> 3 (2.5, an int), alpha x1.02 -> x1.02^20 = 1.4859474 and x0.95 -> x0.95^20 = 0.3584859 per update.
+    # acc_drop_threshold 0.1, not upstream's 0.02: a call here is 64 samples (training accuracy sd ~0.15 a step), and
+    # replaying GRPO seed 0's 32 logged steps through this EMA and window, 0.02 lowers alpha on 15 of 28 checks (alpha
+    # would sink to alpha_min on noise), 0.1 on 5 of 28. budget_init 128 = the cap (upstream: the max thinking
+    # tokens); budget_min 16 (the spec's toy floor, under the shortest correct trace here, ~31 tokens). Smoke run
+    # with warmup_steps=1 window=1 (and threshold 0.02) so that the controller acts within 2 steps: alpha 0.02 ->
+    # 0.0297, budget 128 -> 55.4 (0.85 x the EMA correct length 65.2), bonus mean 0.015 / 0.0125.
+    "acoer": ["reward.terms=[{name: acoer, warmup_steps: 10, window: 5, ema_span: 3, alpha_up: 1.4859474, "
+              "alpha_down: 0.3584859, acc_drop_threshold: 0.1, budget_init: 128, budget_min: 16}, "
+              "{name: format, weight: 0.0}]"],
+    # the all-answer length penalty ACOER argues against: r = c - 0.2 * len / 128 (kappa 0.2 as the lab, len_max =
+    # the cap). Smoke: step 2's groups were (almost) all wrong (reward mean 0.007), yet no group had zero variance and
+    # |A| averaged 0.84 (GRPO's step 2: 0.41, half the groups at zero): length alone ranks the wrong answers.
+    "length_penalty": ["reward.terms=[{name: length_penalty, coef: 0.2, max_length: 128}, "
+                       "{name: format, weight: 0.0}]"],
+    # DRE (text detector, copy, replace; tau_abs 4, tau_rel 0.1 as the lab: one re-check " Check: 11 + 5 = 16." is
+    # ~12 tokens). No <think> tags: the thinking span is the completion up to its answer sentence (think_open "" =
+    # the start; think_close " The final answer is", the space belongs to the " The" token). The commitment is the
+    # total written right before the re-check (lookahead to "Check"), the last step's: not any running total, which
+    # can equal the answer by chance (3 + 2 - 4 + 4: totals 5, 1, 5), and cutting there would drop real steps. Its
+    # value goes to the verifier as \boxed{X}. The tail DRE deletes is then the re-check. Smoke: step 1 eligible 94%
+    # of rollouts, edited 50% (the G/2 cap), tail of correct answers 11.9 tokens, 6.0 removed per rollout, 0
+    # rejected; an edit reads "2 + 3 = 5. 5 - 4 = 1. 1 + 10 = 11. 11 + 5 = 16. The final answer is \boxed{16}.".
+    "dre": [r"rollout.transforms=[{name: dre, tau_abs: 4, tau_rel: 0.1, mode: replace, think_open: '', "
+            r"think_close: ' The final answer is', commit_pattern: '= (-?\d+)\.(?=\s*Check)', "
+            r"answer_template: '\boxed{{{}}}'}]"],
+    # HDR: K_rep 4 = half the 8 fresh groups (the lab's 8 of 16, the paper's 0.5), capacity 32 (the lab's 64 scaled
+    # to the batch: the same horizon in steps), tau 1e-3 (the paper's single-turn value, the lab's sweep). Smoke:
+    # step 2 scanned the one stored group: drift D = 1.11 (mean squared log-ratio after ONE step at lr 6e-4; sampler
+    # mismatch 0), so tau = 1e-3 admitted nothing: at this lr HDR replays nothing and is GRPO. Calibrate tau on the
+    # age-1 drift of a GRPO run before the runs (D shrinks roughly with lr^2: ~0.03 at 1e-4, still >> 1e-3).
+    "hdr": ["replay={name: hdr, capacity: 32, replay_groups: 4, tau: 0.001}"],
+    # naive replay: HDR's store and budget, the 4 most recent stored groups, no ranking, no gate. Smoke: step 2
+    # replayed the one mixed group stored at step 1 (8 rows, 29.7% of the update's loss tokens).
+    "fifo_replay": ["replay={name: fifo, capacity: 32, replay_groups: 4}"],
+    # GARL: leave-one-out base advantage (the spec's estimator) amplified by max(P, 1/8)^-0.75 (the lab's q, the
+    # cold-start value: most 7-9-term chains are cold here). Smoke (by hand): |A| 0.1382 at step 1 = RLOO's 0.125 x
+    # (7/8)^-0.75 = 1.105; 0.6061 at step 2 = RLOO's 0.2143 x (2/8)^-0.75 = 2.83.
+    "garl": ["advantage=rloo", "advantage_transforms=[{name: garl, q: 0.75}]"],
+    # PAFT: SFT on successes resampled per group, weight P^(1-q), q 0.75 (the lab's); no ratio, no negatives. The
+    # recipe's lr 6e-4 is kept (the lab's SFT wrecked its warm start at 3e-4: watch the step-30 eval). Smoke (by
+    # hand): mean weight 0.9836 at step 1 = mean of P^0.25 over the groups (1 and 7/8), 0.5946 = (1/8)^0.25 at step 2;
+    # loss/paft_nll 0.0023 -> 0.0415.
+    "paft": ["advantage={name: paft, q: 0.75, resample: sampled}", "loss.terms=[paft]"],
+    # OPSD: forward KL (beta 0) with the per-entry clip 0.05 over the full vocabulary, no reward term in the loss:
+    # DASH-OPSD's divergence with its gate off (lambda = 0), as the headroom re-test paired them, so the pair
+    # isolates the gate (the lab recipe's beta 0.5 is the OPSD scripts' default). Teacher: the frozen warm start
+    # (the RL adapter off) with the problem's worked reference trace (task.reference: running_totals_check) in its
+    # last user turn. Measured at the warm start before the arm (16 training problems x 4 student samples, 4,514
+    # tokens, headroom_lab.divergence): forward KL 0.055 nats / token (the answer-only TEACHER_CONTEXT: 0.0089), 4.4%
+    # of tokens above 0.1 nats, clipped r_t -0.0018. micro_batch_tokens 512: the full-vocabulary terms hold [tokens,
+    # 49,152] tensors per micro-batch; at the recipe's 2,048 the OPSD smoke (beta 0.5) peaked at 11.1 GB RSS, at 512
+    # at 3.7 GB with the same loss to 4 digits and the same step time (the update is micro-batch invariant). Smoke:
+    # loss/opsd_div 0.0009 -> -0.0076, clip_frac 0.0, one teacher pass a step, 3.2 GB peak.
+    "opsd": ['teacher={name: frozen, context: "{prompt}\\n(A worked solution: {reference})"}',
+             "loss.terms=[{name: opsd, beta: 0.0, token_clip: 0.05, support: vocab}]", "optim.micro_batch_tokens=512"],
+    # DASH-OPSD (the lab's beta 0, adaptive gate, sign +1), kappa scaled to the gate input's spread as the headroom
+    # re-test did (kappa * std = 2): std 0.027 measured with this teacher (OPSD's line) -> kappa 75 (the paper's 5
+    # leaves lambda ~0.5 on every token); teacher and micro-batches as OPSD's. Smoke (at 2,048 tokens, 7.8 GB
+    # peak): gate mean 0.50 -> 0.39, weight mean 1.98 -> 1.64, loss/opsd_div 0.0009 -> -0.0078.
+    "dash_opsd": ['teacher={name: frozen, context: "{prompt}\\n(A worked solution: {reference})"}',
+                  "loss.terms=[{name: dash_opsd, beta: 0.0, kappa: 75.0, gate: adaptive, gate_sign: 1}]",
+                  "optim.micro_batch_tokens=512"],
+    # RLCSD (the official constants, as the lab; drop_uncontrasted true, the official default): hints are siblings'
+    # completions shown in the teacher's last user turn in OPSD's words, the same template for the correct and the
+    # wrong hints (the contrast cancels what any hint induces). Smoke: 44% of rollouts got a contrast (the 7 correct
+    # of the mixed group), 14 / 35 teacher rows, 9 uncontrasted rows dropped a step. rollout/rlcsd_sel_frac, which
+    # the module docstring lists, is never logged (credit components report no metrics).
+    "rlcsd": ['rollout.transforms=[{name: rlcsd, context: "{prompt}\\n(A worked solution: {hint})", '
+              "positive: self_rollout, k_max: 4}]",
+              "credit=[{name: rlcsd, tau: 0.02, beta: 1.0, lam: 0.5, delta: 0.02, eta: 1.0}]"],
+    # DistIL (the lab's: forward CE to the teacher at every token, sequence term c_seq 1, no reward, beta_rl 0);
+    # OPSD's teacher and micro-batches; the cost pass in chunks of 8 rows (the lab's 64 would hold two 64 x 128 x
+    # 49,152 float tensors, 1.6 GB each). Smoke: at 2,048 tokens 7.9 GB RSS, at 512 2.9 GB, the same values:
+    # loss/distil_ce 0.026 -> 0.153, cost-to-go 1.45 -> 11.7 per rollout, three teacher passes a step.
+    "distil": ['teacher={name: frozen, context: "{prompt}\\n(A worked solution: {reference})"}',
+               "rollout.transforms=[{name: distil, cost: ce, chunk: 8}]",
+               "credit=[{name: distil, c_seq: 1.0, beta_rl: 0.0, baseline: position}]",
+               "loss.terms=[ppo_clip, {name: distil, support: vocab}]", "optim.micro_batch_tokens=512"],
+    # RREDCoT (rudder, lambda 0 as the lab): a segment is one running-total sentence (boundary '.'; the re-check is
+    # the last one), the thinking span ends at " The final answer is", and V(s_k) = pi_old(gold | the trace to step k
+    # + " The final answer is \boxed{") with the answer closed by "}." (the tokens the model writes). Smoke (after
+    # the fix in credit/rredcot.py: an all-correct group had segment advantages of +-1e6, grad norm 3,424 -> 0.0023):
+    # 4.5 / 7.0 segments per rollout, 56 / 96 value rows a step. Expect V to track whether the running total
+    # written so far equals the answer (the model boxes its last total): in the mixed group "2 + 3 = 5." got -2.48
+    # and " 11 + 5 = 16." +2.83 (answer 16), in the step-2 group whose answer is 3 "4 - 1 = 3." got +2.47 in every
+    # rollout, wrong ones included.
+    "rredcot": [r"rollout.transforms=[{name: rredcot, boundary_pattern: '\.', min_len: 1, "
+                r"think_close: ' The final answer is', answer_prefix: ' The final answer is \boxed{', "
+                r"answer_suffix: '}.', answer_template: '\boxed{{{}}}'}]",
+                "credit=[{name: rredcot, mode: rudder, lam: 0.0}]"],
+    # DASH drift (the lab's beta 0.5, eta 1, w_max 2): the commitments are the totals that state the answer, the one
+    # before the re-check and the re-check's own (lookahead to "Check" / "The final answer"), so a correct trace has
+    # two (the re-check is a repeat: rho 0.5 halves its credit) and a drift trace is a right total re-checked or
+    # boxed wrong; not every running total, which matches the answer only by chance. Smoke: no drift trace (0.0),
+    # 23.4 / 22.0 tokens after the first correct commitment; a correct row of the mixed group: the steps +0.353, the
+    # re-check and answer +0.177; wrong rows one segment value.
+    "dash_drift": [r"rollout.transforms=[{name: dash_drift, drift_reward: 0.5, "
+                   r"commit_pattern: '= (-?\d+)\.(?=\s*(?:Check|The final answer))', "
+                   r"answer_template: '\boxed{{{}}}'}]",
+                   "credit=[{name: dash_drift, eta: 1.0, w_max: 2.0}]"],
+    # LamPO (beta 5, score mean, as the lab) on the binary correctness (the lab's graded `step_credit` is the lab
+    # task's own: the gym task has no partial credit); ROUGE-L to the reference trace logged at weight 0 in
+    # characters (as the lab: the word tokenizer drops the operators and signs). Smoke: |A| 0.110 / 0.120 against
+    # RLOO's 0.125 / 0.125 (beta = 0; weights < 1/2: the policy already ranks most pairs like the reward); ROUGE-L
+    # 0.99 / 0.84.
+    "lampo": ["advantage={name: lampo, beta: 5.0, score: mean}",
+              "reward.terms=[correctness, {name: format, weight: 0.0}, {name: rouge_l, weight: 0.0, units: chars}]"],
+    # PivotTrace (the lab's pivot strategy, label budget 0.3, 4 probe traces, JS scorer): pool 128 training problems,
+    # not 512, so the 480 problems a run draws cycle the pool ~3.75 times, as the lab's 1,920 draws cycled its 512;
+    # probe_batch 1 (4 rows per eager-attention pass: every layer's [9 heads, ~430, ~430] weights are ~200 MB a row).
+    # Smoke with pool_size=16 (the triage is one-time: 217 s for 16 problems on one thread, so ~30 min for 128):
+    # pseudo-labels 31% of the pool (all 5 right), gold 25%, skipped 44%; pivot density against probe error:
+    # Spearman -0.65 (entropy +0.88, AUROC 0.18), the premise reversed on these 16.
+    "pivottrace": ["select={name: pivottrace, strategy: pivot, label_budget: 0.3, pool_size: 128, probe_samples: 4, "
+                   "probe_batch: 1}"],
+    # GraphPO: exact merging by the lab oracle's state read from the text (state_pattern, added for this task: steps
+    # written, last running total), a step = one sentence (delimiter '.'; step_tokens 16 as the lab, a step is <= ~12
+    # tokens), W = the group's 8 leaf slots, chains (branch 0), even allocation, one wave: equal sampled tokens to
+    # GRPO's by construction; credit w 0.7, mu 1.0 as the lab. Smoke: 444.5 sampled tokens per problem (GRPO 8 x 56
+    # = 448), 55% of nodes merged, 33 distinct states per 1k tokens, 31.5 samples per group (leaves plus merged
+    # members' continuations; each token carries loss once); in the mixed group the wrong step " 5 - 4 = -1." got
+    # -1.23 and its correct siblings' tail 0.
+    "graphpo": [r"rollout.builder={name: graphpo, delimiter: '.', step_tokens: 16, equivalence: exact, "
+                r"state_pattern: '= (-?\d+)\.'}", "credit=[{name: graphpo, w: 0.7, mu: 1.0}]"],
+    # Agon (competitive, roles rotating, rival weight 1; correctness 2 and format 0.5: the paper's ladder {0, 2, 3}
+    # plus lambda, as the lab) with two LoRA adapters on the one warm-started base (players: lora; two full copies
+    # would double the memory). 4 prompts a step: a step trains the drafter on 4 x 8 drafts and the challenger on 4 x
+    # 8 answers, GRPO's 64 generated samples (equal samples, as the lab compared). The challenger reads the draft's
+    # running totals but the last (summary running_totals, added for this task: the lab's `steps` summary looks for
+    # <think> and `so X.`) and writes the last step, the re-check and the answer. report() reads eval/mean_at_k,
+    # which this driver does not log (its eval is the greedy cascade: eval/cascade_{ab,ba}_acc, eval/solo_{a,b}_acc).
+    # Smoke (5.4 GB peak): step 1 drafts 94% correct, challenges 88%, no rival bonus; step 2 56% / 56%, the bonus on
+    # 6% of challenges (right where the draft read was wrong).
+    "agon": ["driver={name: agon, mode: competitive, rotate_roles: true, players: lora, rival_weight: 1.0, "
+             "summary: running_totals}",
+             "reward.terms=[{name: correctness, weight: 2.0}, {name: format, weight: 0.5}]",
+             "rollout.prompts_per_step=4"],
+    # Not here:
+    # - think modes: the mode is the first completion token, one of <NT> / <SH> / <LG>, which this tokenizer splits
+    #   into three tokens each (unknown as single tokens: id 0), and nothing here teaches the modes: the lab task
+    #   writes mode-tagged traces for its warm-up (`modes: true`), the gym task and its warm-up have none. It needs
+    #   multi-token mode prefixes in the think_modes builder plus mode-tagged reference traces (NoThink: the boxed
+    #   answer alone; Short: the running totals without the re-check; Long: with it) in the task and the warm-up.
+    # - FGRPO: every client with its own task settings (the non-IID split, e.g. chains of 2-5 and of 6-9 terms) gets
+    #   its own format warm-up (the warm start's key holds the task config, and drivers/federated.py's
+    #   initial_model_path shares the base task's warm start only for embedded models): ~20 min and ~13 GB peak per
+    #   client; and the clients are full pipelines in one process (one pipeline peaks at ~8.4 GB on this recipe),
+    #   so four do not fit beside the two lanes of this 24 GB machine.
+}
 TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
 
 

@@ -87,6 +87,16 @@ def test_the_summary_hides_the_final_step_and_answer():
     assert ag.lab_steps("<answer>7</answer>") == "<think>" and ag.lab_steps("<think>3+5=8;so 8.</think>") == "<think>"
 
 
+def test_the_running_totals_summary_hides_the_last_step_the_check_and_the_answer():
+    draft = "5 - 2 = 3. 3 - 10 = -7. -7 - 1 = -8. Check: -7 - 1 = -8. The final answer is \\boxed{-8}."
+    assert ag.running_totals(draft) == "5 - 2 = 3. 3 - 10 = -7."  # the answer -8 is the last step's total
+    assert ag.running_totals("9 - 4 = 5. Check: 9 - 4 = 5. The final answer is \\boxed{5}.") == ""  # one step
+    assert ag.running_totals("The final answer is \\boxed{5}.") == ""
+    no_check = "1 + 2 = 3. 3 + 4 = 7. 7 + 1 = 8. The final answer is \\boxed{8}."
+    assert ag.running_totals(no_check) == "1 + 2 = 3. 3 + 4 = 7."
+    assert "running_totals" in ag.SUMMARIES and ag.AgonConfig(summary="running_totals").summary == "running_totals"
+
+
 def test_shared_opponent_bonus_vanishes_under_group_standardisation():
     # every b_i of a group reads the same a_1: R_comp = (3 − c(a)) c(b) = k · R_coop with k = 3/2 or 1
     c_b = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]

@@ -22,7 +22,10 @@ Credit (``TokenBatch.advantages``), with V̂(s_0) = mean_G R so the redistributi
   grpo_process  δ normalised over the group (zero mean, unit std), A_t = Σ_{k' ≥ k(t)} δ̂_{k'}
   mix           (1 − ω)·A_row + ω·A_rudder
 Tokens after the last boundary (the answer) belong to the last segment. Rows without a boundary keep their
-advantage. Metric ``rollout/rred_segments`` (mean per rollout) and ``rollout/rred_value_passes``.
+advantage, and so do the rows of a group whose rewards are all equal (or a singleton) in ``rudder`` and ``mix``:
+their return R − mean_G R is 0, as is GRPO's advantage, while the δ_k of a trace whose V̂ moves are not, and
+dividing them by std_G R + 1e-6 = 1e-6 gave segment advantages of ±10⁶ (the real-model lab's first smoke).
+Metric ``rollout/rred_segments`` (mean per rollout) and ``rollout/rred_value_passes``.
 Deviations: no entropy-based boundaries (the recorded rollouts carry no entropy; keyword boundaries only);
 std over the group's rewards with ddof 1.
 """
@@ -159,6 +162,8 @@ def rredcot(batch: TokenBatch, cfg: RREDCoTConfig) -> TokenBatch:
     if cfg.mode == "grpo_process":
         per_row = _normalised(per_row, batch)
     for b, (d, std) in per_row.items():
+        if cfg.mode != "grpo_process" and std == 0:
+            continue  # a uniform group or a singleton: R − mean_G R = 0, nothing to redistribute (δ_k / 1e-6 otherwise)
         seg = returns(d, cfg.lam if cfg.mode != "grpo_process" else 1.0)
         scale = 1.0 if cfg.mode == "grpo_process" else 1.0 / (std + 1e-6)
         bounds = batch.samples[b].meta["rred_bounds"]

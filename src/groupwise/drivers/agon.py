@@ -32,10 +32,11 @@ selector, replay and component state). Per step t:
              A's own tensors (one base in memory). B's pipeline runs with seed + 1 (its own sampling streams)
 
 Summary (``summary``, pluggable in ``SUMMARIES``): ``steps`` (the lab's): ``<think>`` plus the draft's step lines
-but the last one (whose result is the answer), without the ``so X.`` commitment and the answer tag. The
-challenger continues from there. Neutral setting: the drafter's stream is exactly GRPO, so with
-``rotate_roles: false`` player A's every step equals the ``single`` driver's on the same recipe
-(tests/unit/test_agon.py checks it metric for metric).
+but the last one (whose result is the answer), without the ``so X.`` commitment and the answer tag;
+``running_totals`` (reasoning-gym chains written as running totals, the real-model lab): the step sentences but
+the last one, without the re-check and the boxed answer. The challenger continues from there. Neutral setting:
+the drafter's stream is exactly GRPO, so with ``rotate_roles: false`` player A's every step equals the ``single``
+driver's on the same recipe (tests/unit/test_agon.py checks it metric for metric).
 
 Inference and eval: the two-stage cascade, greedy (pass@1): the drafter answers the plain prompt, the
 challenger reads its summary and answers. Both directions (``eval/cascade_ab_acc``: A drafts, B answers;
@@ -56,6 +57,7 @@ restores both from the newest step intact for both (the roles and the schedule a
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import time
 from collections import deque
@@ -98,7 +100,21 @@ def lab_steps(text: str) -> str:
     return "<think>" + "".join(s + ";" for s in steps[:-1])
 
 
-SUMMARIES: dict[str, Callable[[str], str]] = {"steps": lab_steps}
+_TOTAL = re.compile(r"[^.]*?= *-?\d+\.")
+"""One step sentence of a running-totals draft, ending with its total (``3 - 10 = -7.``)."""
+
+
+def running_totals(text: str) -> str:
+    """A running-totals draft (reasoning-gym chains, ``task.reference: running_totals_check``) with its final answer
+    hidden: every step sentence ``a ± b = c.`` but the last one (whose total is the answer), without the re-check
+    and the boxed answer (``5 - 2 = 3. 3 - 10 = -7. -7 - 1 = -8. Check: -7 - 1 = -8. The final answer is
+    \\boxed{-8}.`` → ``5 - 2 = 3. 3 - 10 = -7.``; a one-step draft → ``""``, the challenger solves it alone)."""
+    body = re.split(r"\s*(?:Check:|The final answer)", text, maxsplit=1)[0]
+    steps = _TOTAL.findall(body)
+    return " ".join(s.strip() for s in steps[:-1])
+
+
+SUMMARIES: dict[str, Callable[[str], str]] = {"steps": lab_steps, "running_totals": running_totals}
 """How a draft is shown to the challenger (the spec keeps ``summary_fn`` pluggable)."""
 
 

@@ -25,7 +25,9 @@ Expansion (per problem; every round is one batched generator call over all probl
                hands its slots to it. A node never joins a class that is one of its ancestors' (class-level
                predecessors, transitively), so the class graph stays acyclic.
   equivalence  ``exact``: the task's oracle ``canonical_state(problem, partial)`` (the lab: (step index, running
-               value); a partial step, no state, never merges); ``embedding``: cos(e(n), e(rep)) ≥ ``kappa``
+               value); a partial step, no state, never merges), or for a task without one the same state read from
+               the text (``state_pattern``: (matches so far, the last match's group 1) when the path ends with a
+               match, e.g. running totals ``= (-?\\d+)\\.``); ``embedding``: cos(e(n), e(rep)) ≥ ``kappa``
                (0.92) against the most similar non-ancestor class, e = the ``embedder``'s vector: ``policy``
                (default; the policy's last-layer hidden state at the path's last token, L2-normalised, one
                batched no-grad pass per round) or ``hashed`` (signed hashed character 1-3-grams of the whole
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import zlib
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -97,6 +100,10 @@ class GraphPOConfig:
     delimiter: str = "\n"
     """The step boundary, a stop string (the lab: ';')."""
     equivalence: Literal["exact", "embedding", "none"] = "exact"
+    state_pattern: str = ""
+    """``exact`` from the text, for a task without ``canonical_state`` ("": the task's oracle): a regex whose group 1
+    is a step's result; a path ending with a match (trailing whitespace aside) is in state (matches so far, the last
+    group 1), any other path in none. Running totals: ``= (-?\\d+)\\.``, ``5 - 2 = 3. 3 - 10 = -7.`` → (2, "-7")."""
     kappa: float = 0.92
     """Cosine threshold of ``embedding`` equivalence."""
     embedder: Literal["policy", "hashed"] = "policy"
@@ -110,6 +117,12 @@ class GraphPOConfig:
                              "(0: group size, one child per slot, G × max tokens) and max_waves, step_tokens >= 1")
         if not self.delimiter:
             raise ValueError("delimiter='': a step boundary needs a non-empty stop string (the lab: ';')")
+        try:
+            groups = re.compile(self.state_pattern).groups
+        except re.error as e:
+            raise ValueError(f"state_pattern={self.state_pattern!r}: not a regex ({e})") from None
+        if self.state_pattern and groups < 1:
+            raise ValueError(f"state_pattern={self.state_pattern!r}: needs a capture group (the step's result)")
         if not 0.0 < self.kappa <= 1.0 or self.hash_dim < 8:
             raise ValueError(f"kappa={self.kappa}, hash_dim={self.hash_dim}: kappa in (0, 1] and hash_dim >= 8")
 
@@ -198,9 +211,20 @@ def policy_embeddings(model, prompts: list[torch.Tensor], paths: list[list[int]]
     return list(h / h.norm(dim=-1, keepdim=True).clamp(min=1e-12))
 
 
+def pattern_state(pattern: str, partial: str) -> tuple[int, str] | None:
+    """(matches of ``pattern`` in ``partial``, the last one's group 1) when ``partial`` ends with that match (trailing
+    whitespace aside), else None: the lab oracle's (steps written, last result) read from the text."""
+    found = list(re.finditer(pattern, partial))
+    if not found or partial[found[-1].end():].strip():
+        return None
+    return len(found), found[-1].group(1).strip()
+
+
 class GraphPOBuilder:
     def __init__(self, cfg: GraphPOConfig, task):
         self.cfg, self.task = cfg, task
+        self.state = ((lambda problem, partial: pattern_state(cfg.state_pattern, partial)) if cfg.state_pattern
+                      else task.canonical_state if isinstance(task, StateOracle) else None)
         self._step, self._stats = -1, []
 
     def __call__(self, problems: list[Problem], ctx: RolloutContext) -> list[Group]:
@@ -295,14 +319,14 @@ class GraphPOBuilder:
                 n.terminal, n.finish, n.cut = True, "length", True
 
     def _classify(self, new: list[tuple[Graph, int, str]], ctx: RolloutContext) -> None:
-        cfg, oracle = self.cfg, isinstance(self.task, StateOracle)
+        cfg = self.cfg
         for g, i, text in new:
             n = g.nodes[i]
             if n.terminal:
                 answer = ctx.task.extract_answer(text)
                 n.key = ("answer", answer) if answer is not None else None
-            elif oracle:
-                n.key = self.task.canonical_state(g.problem, text)
+            elif self.state is not None:
+                n.key = self.state(g.problem, text)
         if cfg.equivalence == "embedding":
             inner = [(g, i, text) for g, i, text in new if not g.nodes[i].terminal]
             if cfg.embedder == "hashed":
@@ -399,7 +423,7 @@ class GraphPOBuilder:
                             "graphpo_graph": shared})
 
     def _graph_stats(self, g: Graph, samples: int) -> dict[str, float]:
-        oracle = isinstance(self.task, StateOracle)
+        oracle = self.state is not None
         states = {n.key if oracle else n.cls for n in g.nodes[1:] if not oracle or n.key is not None}
         terminals = [n for n in g.nodes if n.terminal]
         return {"sampled_tokens": float(g.used), "nodes": float(len(g.nodes)),
@@ -424,7 +448,8 @@ def graph_record(g: Graph) -> dict:
 
 @BUILDERS.register("graphpo", config=GraphPOConfig, reports=True, driver_only=True, provides=GraphPOConfig.provides)
 def graphpo(cfg: GraphPOConfig, env) -> GraphPOBuilder:
-    if cfg.equivalence == "exact" and not isinstance(env.task, StateOracle):
+    if cfg.equivalence == "exact" and not cfg.state_pattern and not isinstance(env.task, StateOracle):
         raise ConfigError(f"rollout.builder.equivalence: 'exact' needs a task with canonical_state(problem, partial) "
-                          f"(task '{getattr(env.task, 'name', '?')}' has none); use 'embedding' or 'none'")
+                          f"(task '{getattr(env.task, 'name', '?')}' has none) or a state_pattern; use 'embedding' "
+                          "or 'none'")
     return GraphPOBuilder(cfg, env.task)

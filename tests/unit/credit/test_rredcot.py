@@ -54,6 +54,18 @@ def test_credit_gives_each_segment_its_own_gain():
     assert torch.allclose(mixed.double(), 0.5 * 0.7 + 0.5 * expected.double(), atol=1e-6)
 
 
+def test_a_uniform_group_keeps_its_advantages():
+    # both rows R = 1 (std 0): δ of row 0 = [0.2 − 1, 0.6 − 0.2, 1 − 0.6] = [−0.8, 0.4, 0.4] would be divided by
+    # std + 1e-6 = 1e-6 (±8e5); the return R − mean_G R is 0, so every row keeps GRPO's 0 (rudder and mix)
+    samples = [row([3, 7, 9], [0.2, 0.6], 1.0), row([4, 9], [0.9], 1.0)]
+    b = rows(samples, [torch.zeros(10), torch.zeros(10)])
+    b = type(b)(**{**b.__dict__, "group_index": torch.tensor([0, 0])})
+    for cfg in (RREDCoTConfig(), RREDCoTConfig(mode="mix", omega=0.5)):
+        assert torch.equal(rredcot(b, cfg).advantages, torch.zeros(2, 10))
+    # grpo_process normalises the δ over the group (their own std), so a uniform group still gets process credit
+    assert rredcot(b, RREDCoTConfig(mode="grpo_process")).advantages.abs().max() > 0.5
+
+
 def context(tokenizer, task, texts, model, step=0):
     counters: dict = {}
 

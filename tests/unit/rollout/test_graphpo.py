@@ -8,7 +8,7 @@ from groupwise.config import load
 from groupwise.credit.graphpo import GraphPOCreditConfig, graphpo
 from groupwise.registry import BuildEnv, ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
-from groupwise.rollout.graphpo import GraphPOConfig, hashed_embedding, policy_embeddings
+from groupwise.rollout.graphpo import GraphPOConfig, hashed_embedding, pattern_state, policy_embeddings
 from groupwise.rollout.graphpo import graphpo as graphpo_builder
 from groupwise.seeding import stable_seed
 from groupwise.tasks.lab import Lab, LabConfig
@@ -203,6 +203,31 @@ def test_exact_equivalence_needs_a_state_oracle():
     with pytest.raises(ConfigError, match="canonical_state"):
         graphpo_builder(GraphPOConfig(equivalence="exact"), BuildEnv(run=None, task=NoOracle()))
     graphpo_builder(GraphPOConfig(equivalence="embedding"), BuildEnv(run=None, task=NoOracle()))
+
+
+def test_pattern_state_reads_steps_and_the_last_result():
+    totals = r"= (-?\d+)\."
+    assert pattern_state(totals, "5 - 2 = 3. 3 - 10 = -7.") == (2, "-7")
+    assert pattern_state(totals, "5 - 2 = 3. ") == (1, "3")  # trailing whitespace aside
+    assert pattern_state(totals, "5 - 2 = 3. 3 - 1") is None  # mid-step
+    assert pattern_state(totals, "") is None
+    with pytest.raises(ValueError, match="capture group"):
+        GraphPOConfig(state_pattern=r"=\d+\.")
+
+
+def test_a_state_pattern_merges_as_the_task_oracle_does(tokenizer, lab_task):
+    class NoOracle:
+        name = "plain"
+
+    graphpo_builder(GraphPOConfig(equivalence="exact", state_pattern=r"=(\d+);"), BuildEnv(run=None, task=NoOracle()))
+    _, oracle = build(lab_task, context(tokenizer, lab_task), equivalence="exact")
+    _, pattern = build(lab_task, context(tokenizer, lab_task), equivalence="exact", state_pattern=r"=(\d+);")
+    for a, b in zip(oracle, pattern):  # the lab's (steps, last result) read from the text: the same graph
+        ga, gb = graph_of(a), graph_of(b)
+        assert ga["cls"] == gb["cls"] and ga["parent"] == gb["parent"]
+        assert [k is None for k in ga["key"]] == [k is None for k in gb["key"]]
+        assert [s.text for s in a.samples] == [s.text for s in b.samples]
+    assert max(graph_of(g)["cls"].count(c) for g in pattern for c in graph_of(g)["cls"]) > 1  # merges happened
 
 
 def test_lab_canonical_state(lab_task):
