@@ -81,6 +81,29 @@ def test_resume_with_other_settings_is_refused_but_a_longer_run_is_not(tmp_path,
     assert "last" in out
 
 
+def test_a_run_from_before_a_new_config_key_resumes(tmp_path, monkeypatch):
+    """A run whose resolved_config.yaml predates a key (here ``reward.worker_memory_mb``, added 2026-12-06) resumes
+    when the key is at its default (it was refused as a difference), and a key set away from its default is still
+    one."""
+    import yaml
+
+    from groupwise.config import load
+    from groupwise.loop.trainer import train
+    from groupwise.registry import ConfigError
+
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    base = [a for a in ARGS if not a.startswith(("trainer.steps", "model.warm_start_steps", "eval."))]
+    base += [f"out_dir={tmp_path}", "model.warm_start_steps=5", "eval.before=false", "eval.after=false"]
+    train(load(RECIPE, [*base, "trainer.steps=1"]))
+    path = tmp_path / "grpo_lab" / "resolved_config.yaml"
+    old = yaml.safe_load(path.read_text())
+    del old["reward"]["worker_memory_mb"]  # as written before the key existed
+    path.write_text(yaml.safe_dump(old, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"settings that differ .*: reward\.worker_memory_mb; resume"):
+        train(load(RECIPE, [*base, "trainer.steps=2", "reward.worker_memory_mb=100"]), resume=True)
+    assert "last" in train(load(RECIPE, [*base, "trainer.steps=2"]), resume=True)
+
+
 def test_a_resumed_runs_summary_keeps_its_step_0_eval(tmp_path, monkeypatch):
     """The summary of a resumed run lost ``before`` (the step-0 eval ran in the first process only)."""
     from groupwise.config import load

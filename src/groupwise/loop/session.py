@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from groupwise import checkpoint as ckpt
-from groupwise.config import RunConfig, diff, to_dict
+from groupwise.config import RunConfig, diff, load, to_dict
 from groupwise.log import Logger, Progress, StorageError, io_reason, read_metrics, to_stderr, write_atomic
 from groupwise.loop.distributed import agree, check_in_sync
 from groupwise.registry import ConfigError
@@ -113,6 +113,8 @@ class Session:
         if not isinstance(before, dict) or not before:
             self.progress.note(f"warning: {path} is unreadable; resuming without checking that the settings match")
             return
+        with contextlib.suppress(ConfigError):  # a key since removed or renamed stays a difference
+            before = load(str(path))  # keys added to the schema since the run began take their defaults: no difference
         changed = [k for k in diff(before, self.cfg) if not k.startswith(RESUMABLE)]
         if changed:
             raise ConfigError(f"{self.run_dir}: --resume with settings that differ from the run's {CONFIG}: "
