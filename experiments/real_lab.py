@@ -18,7 +18,7 @@ every eval reports each form, the held-out one included. **A format warm-up** (`
 steps of 16 reference traces (``task.reference: running_totals_check``: each running total, then "Check:" and the
 last step again, then the boxed answer) in the training forms, on a LoRA adapter merged into the weights; RL trains a
 fresh adapter on top, and the reference model is the warmed-up policy. Cap 128 tokens. 8 prompts x 8 samples,
-T = 1, lr 6e-4 (the smollm2_math pilots).
+T = 1, lr 2e-4 (6e-4, the smollm2_math pilots' lr, made GRPO lose accuracy here: the table below).
 
 The designs, in order (each measured by ``--check`` before any RL run on it; docs/results.md, "The real-model lab"):
 1. no warm-up, 2-5 terms, cap 96: NOT met. The base model copies the examples' shape, not the question's: 0.19
@@ -85,11 +85,32 @@ Running table (updated as runs finish; done / left):
   Two runs plus the test suite were killed by the OOM killer (~8.4 GB a run): two runs alone fit.
   Step 30 held-out: mean@4 0.182, greedy 0.195, pass@4 0.240 (from 0.310 / 0.400 / 0.465): GRPO at lr 6e-4
   makes the warmed-up policy WORSE (every level from 3 terms up falls). Next: lr 2e-4, a shorter warm-up.
-- LEFT, next: finish GRPO seeds 0-2; measure whether a shorter warm-up (or T > 1) restores within-group
-  diversity (the policy's entropy is 0.03 nats/token after 60 SFT steps).
-- LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
-- LEFT: QLPO, ACOER (+ the all-answer length penalty), DRE, think modes, HDR vs FIFO, OPSD / DASH-OPSD, RLCSD,
-  DistIL, PivotTrace, GARL / PAFT, LamPO, RREDCoT, DASH drift, GraphPO; Agon and FGRPO with LoRA.
+  (The 6e-4 runs are kept in ``experiments/out/real_lab/lr6e-4/``.)
+- DONE 2026-12-06: lr pilots, seed 0, 30 steps, the same batches (same seed) as the 6e-4 run, held-out at step 30
+  against its step-0 eval (200 problems x 4 + greedy; paired change of mean@4 over problems ± SE; greedy right
+  only after / only before):
+
+  | lr | mean@4 | paired change | greedy | greedy up / down | plain form mean@4 | training forms mean@4 |
+  |---|---|---|---|---|---|---|
+  | (step 0) | 0.310 | | 0.400 | | 0.045 | 0.398 |
+  | 6e-4 | 0.182 | -0.128 ± 0.020 | 0.195 | 1 / 42 | 0.025 | 0.235 |
+  | 2e-4 | 0.336 | +0.026 ± 0.016 | 0.380 | 9 / 13 | 0.120 | 0.408 |
+  | 1e-4 | 0.326 | +0.016 ± 0.014 | 0.395 | 12 / 13 | 0.025 | 0.427 |
+
+  Training correctness over steps 11-20 (the same problems in each run): 0.198 at 6e-4, 0.395 at 2e-4, 0.403 at
+  1e-4; the 6e-4 run was already behind after its first update (step 2: 0.281 against 0.359 and 0.375). The recipe
+  now uses 2e-4 (no harm, the larger of the two small gains, neither beyond 2 SE in one seed). Whether GRPO learns
+  here (precondition 6) is the 3-seed 60-step baseline's question. The 2e-4 run's eval ran after the sampler change
+  (rollout/hf.py ``sampler: race``, the same law); the others before. Out of memory: two evals at once at 256-row
+  generation passes (11.4 GB each): the recipe now generates 128 rows a pass.
+- RUNNING (from 2026-12-06 20:15): GRPO seed 0 at lr 2e-4, 60 steps (checkpoints every 10; the harness resumes).
+- LEFT: GRPO seeds 1, 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
+- LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
+  showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
+  a GRPO run's age-1 drift first: at tau 1e-3 it replays nothing), GARL, PAFT, OPSD, DASH-OPSD, RLCSD, DistIL,
+  RREDCoT, DASH drift, LamPO, PivotTrace, GraphPO, Agon. Not arms yet: think modes (the mode tokens are 3 tokens
+  each in SmolLM2's tokenizer, and nothing in the warm-up teaches the modes), FGRPO (each client would build its
+  own ~20-minute warm-up: the federated driver shares one only for embedded models).
 - LEFT: the transfer check (a harder held-out set; the ``plain`` form).
 """
 
