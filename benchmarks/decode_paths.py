@@ -8,8 +8,9 @@ matrix products (one [rows x E] @ [E x out] per fused projection, the LM head in
 ``--repeats``), tokens/s, nominal GFLOP/s (2 x params x tokens) and its share of the peak. The GEMM-only line is
 the most any decode path of this model and row count could reach without changing the GEMMs themselves.
 
-``--paths`` picks the generators, alternated in the order given: ``model``, ``fused`` and ``bf16`` (``decode: fused``
-with ``dtype: bf16``: the fused step's GEMMs and KV buffer in bfloat16); the last line gives the first path's
+``--paths`` picks the generators, alternated in the order given: ``model``, ``fused``, ``bf16`` (``decode: fused``
+with ``dtype: bf16``: the fused step's GEMMs and KV buffer in bfloat16) and ``multinomial`` (``decode: fused`` with
+``sampler: multinomial``, the sampler before 2026-12-06, instead of ``race``); the last line gives the first path's
 time over each other's. ``--mismatch`` then samples ``--prompts`` x ``--group`` rows with every path but ``model``
 at temperature 1 with the model's real EOS, teacher-forces them in float32 (``forward.completion_logprobs``, the
 trainer's pass) and prints per path mean / p99 / max |log p_sampler - log p_trainer| per token, the mean
@@ -50,7 +51,8 @@ def main() -> None:
     p.add_argument("--recipe", help="a recipe's model and prompts instead of --preset on the lab task")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override (repeatable)")
     p.add_argument("--no-bound", action="store_true", help="skip the GEMM-only loop")
-    p.add_argument("--paths", default="model,fused", help="comma-separated: model, fused, bf16 (default model,fused)")
+    p.add_argument("--paths", default="model,fused",
+                   help="comma-separated: model, fused, bf16, multinomial (default model,fused)")
     p.add_argument("--mismatch", action="store_true", help="sampler vs float32 trainer log-probs, per non-model path")
     p.add_argument("--prefill", action="store_true", help="time the prefill alone: float32 vs autocast bf16")
     p.add_argument("--repeats", type=int, default=5)
@@ -87,7 +89,8 @@ def main() -> None:
     a.max_tokens = a.max_tokens or 64
     params = SamplingParams(max_tokens=a.max_tokens, temperature=1.0)
     kinds = {"model": HFConfig(decode="model"), "fused": HFConfig(decode="fused"),
-             "bf16": HFConfig(decode="fused", dtype="bf16")}
+             "bf16": HFConfig(decode="fused", dtype="bf16"),
+             "multinomial": HFConfig(decode="fused", sampler="multinomial")}
     gens = {d: HFGenerator(kinds[d], model, tok) for d in a.paths.split(",")}
     for g in gens.values():
         g.eos_ids = torch.tensor([], dtype=torch.long)

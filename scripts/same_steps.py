@@ -49,6 +49,10 @@ def step_metrics(recipe: str, steps: int = 3, small: bool = True, out_dir: str |
                 "trainer.record_groups=0", "trainer.sinks=[jsonl]"]
         if small:
             over.append("rollout.prompts_per_step=4")
+        from groupwise.config import load
+
+        if load(recipe).rollout.generator.name == "hf":
+            over.append("rollout.generator.sampler=multinomial")  # the goldens' sampler (before 2026-12-06)
         groupwise.train(recipe, over, overwrite=True)
         rows = [json.loads(line) for line in (Path(out) / "same_steps" / "metrics.jsonl").read_text().splitlines()
                 if line.strip()]

@@ -208,8 +208,11 @@ def test_a_run_records_the_gap_its_mismatch_metrics_measure(tmp_path):
             "rollout.group_size=4", "rollout.max_completion_tokens=12", "rollout.top_p=0.9",
             "reward.terms=[{name: length_penalty, max_length: 12}]", f"out_dir={tmp_path}"]
     p = build(load(None, over))
-    metrics = rl_step(p, 0)
-    line = json.loads((p.cfg.run_dir / "rollouts.jsonl").read_text().splitlines()[0])
+    for step in range(4):  # the first step that trains a row (one whose groups all tie trains none)
+        metrics = rl_step(p, step)
+        if metrics["update/micro_batches"]:
+            break
+    line = json.loads((p.cfg.run_dir / "rollouts.jsonl").read_text().splitlines()[step])
     gaps = [abs(v) for g in line["groups"] for s in g["samples"] for v in s["signals"].get("sampler_dlogp", [])
             if v is not None]
     assert "sampler_dlogp" in line["signals"] and gaps, "the trained rows carry the gap"

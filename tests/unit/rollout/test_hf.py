@@ -3,7 +3,7 @@ from torch.testing import assert_close
 
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.rollout.base import Request, SamplingParams
-from groupwise.rollout.hf import HFConfig, HFGenerator, top_p_filter
+from groupwise.rollout.hf import HFConfig, HFGenerator, race, sample_rows, top_p_filter
 
 
 def prompt(tokenizer, text):
@@ -112,6 +112,50 @@ def test_top_p_filter_pinned():
     assert_close(top_p_filter(probs, 0.7), torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
     assert_close(top_p_filter(probs, 0.5), torch.tensor([[0.5, 0.0, 0.0, 0.0]]))
     assert_close(top_p_filter(probs, 1.0), probs)
+
+
+def test_race_pinned():
+    """p = [0.1, 0.2, 0, 0.7] against u = [0.5, 0.9, 0.99, 0.01]: E = -log u = [0.693, 0.105, 0.010, 4.605], p / E =
+    [0.144, 1.898, 0, 0.152]: token 1 wins though token 3 is likelier; the zero-mass token scores 0 even with the
+    smallest E; u = 0 is floored (E = 87.3, finite), so a kept token beats zero-mass ones even then."""
+    probs = torch.tensor([[0.1, 0.2, 0.0, 0.7]])
+    assert race(probs, torch.tensor([[0.5, 0.9, 0.99, 0.01]])).item() == 1
+    assert race(probs, torch.tensor([[0.5, 0.5, 0.999999, 0.5]])).item() == 3
+    assert race(torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([[0.5, 0.0, 0.5]])).item() == 1  # 0, 1/87.3, 0
+    assert race(torch.tensor([[0.3, 0.7]]), torch.tensor([[0.0, 0.5]])).item() == 1
+
+
+def test_sample_rows_draws_multinomials_law():
+    """200,000 draws from rows with zeros and a 49,152-token row: frequencies within 4 standard errors of the
+    probabilities (torch.multinomial's law), zero-mass tokens never drawn, top-p's zeros respected."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.1, 0.0, 0.25, 0.05, 0.0, 0.6])
+    n = 200_000
+    draws = sample_rows(p.expand(n, -1), g)
+    freq = torch.bincount(draws, minlength=6).double() / n
+    se = (p.double() * (1 - p.double()) / n).sqrt()
+    assert ((freq - p.double()).abs() <= 4 * se + 1e-12).all(), freq
+    big = torch.softmax(torch.randn(49_152, generator=g) * 3, -1)
+    kept = top_p_filter(big.unsqueeze(0), 0.5)[0]
+    draws = sample_rows(kept.expand(20_000, -1).contiguous(), g)
+    assert (kept[draws] > 0).all()
+    top = kept.argmax()
+    share = (draws == top).double().mean().item()
+    expect = (kept[top] / kept.sum()).item()
+    assert abs(share - expect) <= 4 * (expect * (1 - expect) / 20_000) ** 0.5
+
+
+def test_the_sampler_setting_picks_the_race_or_torch_multinomial(tiny_model, tokenizer):
+    """``sampler: race`` (the default) draws with ``sample_rows``; ``multinomial`` with ``torch.multinomial``, token
+    for token as every run before 2026-12-06 did."""
+    logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(0)) * 3
+    lp = torch.log_softmax(logits, -1)
+    for sampler, draw in (("race", sample_rows),
+                          ("multinomial", lambda p, g: torch.multinomial(p, 1, generator=g).squeeze(-1))):
+        gen = HFGenerator(HFConfig(sampler=sampler), tiny_model, tokenizer)
+        tok, got_lp = gen._pick(logits, SamplingParams(max_tokens=1), torch.Generator().manual_seed(7))
+        assert torch.equal(tok, draw(lp.exp(), torch.Generator().manual_seed(7)))
+        assert_close(got_lp, lp)
 
 
 def test_registered_hf_generator_samples_from_the_policy_itself(tiny_model, tokenizer):
