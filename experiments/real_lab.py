@@ -104,6 +104,7 @@ Running table (updated as runs finish; done / left):
   (rollout/hf.py ``sampler: race``, the same law); the others before. Out of memory: two evals at once at 256-row
   generation passes (11.4 GB each): the recipe now generates 128 rows a pass.
 - RUNNING (from 2026-12-06 20:15): GRPO seed 0 at lr 2e-4, 60 steps (checkpoints every 10; the harness resumes).
+  Step 0 held-out: mean@4 0.307, greedy 0.400 (the race sampler's draws; 0.310 / 0.400 with multinomial's).
 - LEFT: GRPO seeds 1, 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
@@ -137,6 +138,9 @@ COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_ev
 # at 7/8 correct and one at 8/8, step 2 two groups at 0-2/8, so a diagnostic that needs a mixed group shows on one
 # group only).
 # The recipe's lr, steps and batch are every arm's unless a line says otherwise.
+# the privileged teacher of OPSD, DASH-OPSD and DistIL: the frozen warm start with the problem's worked reference trace
+# (task.reference: running_totals_check) in its last user turn; RLCSD shows its hints in the same words
+WORKED_TEACHER = 'teacher={name: frozen, context: "{prompt}\\n(A worked solution: {reference})"}'
 ARMS = {
     "grpo": [],
     "grpo_2ep": ["optim.ppo_epochs=2"],
@@ -200,13 +204,13 @@ ARMS = {
     # 49,152] tensors per micro-batch; at the recipe's 2,048 the OPSD smoke (beta 0.5) peaked at 11.1 GB RSS, at 512
     # at 3.7 GB with the same loss to 4 digits and the same step time (the update is micro-batch invariant). Smoke:
     # loss/opsd_div 0.0009 -> -0.0076, clip_frac 0.0, one teacher pass a step, 3.2 GB peak.
-    "opsd": ['teacher={name: frozen, context: "{prompt}\\n(A worked solution: {reference})"}',
+    "opsd": [WORKED_TEACHER,
              "loss.terms=[{name: opsd, beta: 0.0, token_clip: 0.05, support: vocab}]", "optim.micro_batch_tokens=512"],
     # DASH-OPSD (the lab's beta 0, adaptive gate, sign +1), kappa scaled to the gate input's spread as the headroom
     # re-test did (kappa * std = 2): std 0.027 measured with this teacher (OPSD's line) -> kappa 75 (the paper's 5
     # leaves lambda ~0.5 on every token); teacher and micro-batches as OPSD's. Smoke (at 2,048 tokens, 7.8 GB
     # peak): gate mean 0.50 -> 0.39, weight mean 1.98 -> 1.64, loss/opsd_div 0.0009 -> -0.0078.
-    "dash_opsd": ['teacher={name: frozen, context: "{prompt}\\n(A worked solution: {reference})"}',
+    "dash_opsd": [WORKED_TEACHER,
                   "loss.terms=[{name: dash_opsd, beta: 0.0, kappa: 75.0, gate: adaptive, gate_sign: 1}]",
                   "optim.micro_batch_tokens=512"],
     # RLCSD (the official constants, as the lab; drop_uncontrasted true, the official default): hints are siblings'
@@ -221,7 +225,7 @@ ARMS = {
     # OPSD's teacher and micro-batches; the cost pass in chunks of 8 rows (the lab's 64 would hold two 64 x 128 x
     # 49,152 float tensors, 1.6 GB each). Smoke: at 2,048 tokens 7.9 GB RSS, at 512 2.9 GB, the same values:
     # loss/distil_ce 0.026 -> 0.153, cost-to-go 1.45 -> 11.7 per rollout, three teacher passes a step.
-    "distil": ['teacher={name: frozen, context: "{prompt}\\n(A worked solution: {reference})"}',
+    "distil": [WORKED_TEACHER,
                "rollout.transforms=[{name: distil, cost: ce, chunk: 8}]",
                "credit=[{name: distil, c_seq: 1.0, beta_rl: 0.0, baseline: position}]",
                "loss.terms=[ppo_clip, {name: distil, support: vocab}]", "optim.micro_batch_tokens=512"],
