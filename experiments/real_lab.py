@@ -103,7 +103,8 @@ Running table (updated as runs finish; done / left):
   here (precondition 6) is the 3-seed 60-step baseline's question. The 2e-4 run's eval ran after the sampler change
   (rollout/hf.py ``sampler: race``, the same law); the others before. Out of memory: two evals at once at 256-row
   generation passes (11.4 GB each): the recipe now generates 128 rows a pass.
-- RUNNING (from 2026-12-06 20:15): GRPO seed 0 at lr 2e-4, 60 steps (checkpoints every 10; the harness resumes).
+- RUNNING (from 2026-12-06 20:15; seed 1 from 20:42): GRPO seeds 0 and 1 at lr 2e-4, 60 steps (checkpoints every 10;
+  the harness resumes them).
   Step 0 held-out: mean@4 0.307, greedy 0.400 (the race sampler's draws; 0.310 / 0.400 with multinomial's).
 - LEFT: GRPO seeds 1, 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
