@@ -53,7 +53,7 @@ from groupwise.loop.watchdog import WATCHDOG, Watchdog
 from groupwise.loop.workers import InProcess
 from groupwise.parallel import data_parallel
 from groupwise.registry import ConfigError, RunStopped
-from groupwise.rollout.sync_check import StaleEngineError
+from groupwise.rollout.sync_check import stale
 from groupwise.update import NonFiniteWeights
 
 if TYPE_CHECKING:
@@ -228,13 +228,10 @@ class Lag:
                     self.verified = v
                     return not retry
                 self.failures += 1
-                if not (retry and self.mode == "resync"):
-                    again = " after a resync" if self.mode == "resync" else ""
-                    raise StaleEngineError(
-                        f"rollout.sync_check: the weight snapshot of rollout.max_async_level does not hold policy "
-                        f"version {v}{again} ({differ} of {len(self.prints[v])} parameters differ from the trainer's "
-                        f"at version {v}); allowed: fix the copy into the snapshot (loop/lag.py), or "
-                        "rollout.sync_check=none")
+                stale(self.mode, retry,
+                      f"the weight snapshot of rollout.max_async_level does not hold policy version {v}",
+                      f"{differ} of {len(self.prints[v])} parameters differ from the trainer's at version {v}",
+                      "fix the copy into the snapshot (loop/lag.py)")
                 self.copy(v)
         finally:
             self.seconds += time.perf_counter() - t0

@@ -75,6 +75,15 @@ class StaleEngineError(RunStopped):
     line for the CLI (exit 1)."""
 
 
+def stale(mode: str, retry: bool, what: str, detail: str, fix: str) -> None:
+    """A stale copy was found: go on (``retry`` in ``resync`` mode: the caller copies again) or stop the run in one
+    line, ``rollout.sync_check: <what> (<detail>); allowed: <fix>, or rollout.sync_check=none``."""
+    if not (retry and mode == "resync"):
+        again = " after a resync" if mode == "resync" else ""
+        raise StaleEngineError(f"rollout.sync_check: {what}{again} ({detail}); allowed: {fix}, or "
+                               "rollout.sync_check=none")
+
+
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """What an engine generated for the probe: its greedy tokens and its log-probs of them."""
@@ -130,12 +139,8 @@ class SyncCheck:
     def failed(self, engine: str, g: float, retry: bool) -> None:
         """Count a stale probe of ``engine``; raise unless ``retry`` (resync mode, first failure)."""
         self.failures += 1
-        if not (retry and self.mode == "resync"):
-            again = " after a resync" if self.mode == "resync" else ""
-            raise StaleEngineError(
-                f"rollout.sync_check: {engine} does not hold the trainer's weights{again} (probe mean |Δ log p| "
-                f"{g:.2e} > rollout.sync_check_tol {self.tol:.0e}); allowed: fix its weight sync, or "
-                "rollout.sync_check=none")
+        stale(self.mode, retry, f"{engine} does not hold the trainer's weights",
+              f"probe mean |Δ log p| {g:.2e} > rollout.sync_check_tol {self.tol:.0e}", "fix its weight sync")
 
     def verify(self, engine: str, generator, model: torch.nn.Module, resync: Callable[[], None],
                logged: bool = True) -> Probe:
