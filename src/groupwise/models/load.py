@@ -88,7 +88,7 @@ def _load_base(cfg: ModelConfig, task, progress, train: bool = True):
             per_param = sources.training_bytes_per_param(cfg.dtype, cfg.lora is not None or not train)
             what = f"{'training' if train else 'loading'} '{cfg.path}' in {cfg.dtype}"
             sources.check_memory(n, per_param, what, "model.path", cfg.device)
-        if cfg.warm_start is True and cfg.warm_start_steps > 0:  # a format warm-up (SFT)
+        if cfg.warm_starts:  # a format warm-up (SFT): model.warm_start true, steps > 0
             from groupwise.models.warm_start import ensure_warm_start
 
             if lora.is_adapter_dir(path):
@@ -102,7 +102,7 @@ def _load_base(cfg: ModelConfig, task, progress, train: bool = True):
     if preset not in tiny.PRESETS:
         raise ConfigError(f"model.path: unknown embedded preset '{preset}'; valid: "
                           + ", ".join(f"embedded:{p}" for p in tiny.PRESETS))
-    if cfg.warm_start and cfg.warm_start_steps > 0:
+    if cfg.warm_starts:  # auto or true, steps > 0
         from groupwise.models.warm_start import ensure_warm_start
 
         return load_pretrained(ensure_warm_start(preset, task, cfg, progress), cfg.dtype, cfg.device)
