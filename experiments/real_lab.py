@@ -63,6 +63,7 @@ result is committed as it finishes, and the table below says what is done and wh
     PYTHONPATH=src python experiments/real_lab.py --check --check-threads 2   # the preconditions (~25 min)
     PYTHONPATH=src python experiments/real_lab.py --jobs 2 --arms grpo grpo_2ep --seeds 0 1 2
     PYTHONPATH=src python experiments/real_lab.py --report-only
+    PYTHONPATH=src python experiments/real_lab.py --compare BASE RUN...   # RUNs' step 30 against BASE's step 0
 
 Running table (updated as runs finish; done / left):
 
@@ -449,6 +450,29 @@ def by_form(dirs: list[Path], step: int) -> dict[str, dict[str, float]]:
     return {f: {k: statistics.fmean(v) for k, v in kv.items()} for f, kv in out.items()}
 
 
+def compare(base: Path, runs: list[Path], step: int) -> str:
+    """Runs that skipped their step-0 eval (``eval.before=false``) against ``base``'s step 0: one seed, the same
+    held-out problems (the lr pilots). Per run: mean@k, its paired change over problems ± SE, greedy, greedy right
+    only after / only before, and mean@k on the held-out form and on the training forms."""
+    from smollm2 import paired_gain, paired_greedy, records
+
+    def row(name: str, recs: list[dict], change: str, flips: str) -> str:
+        def mean(keep) -> float:
+            return statistics.fmean(r["correct"] for r in recs if keep(r))
+
+        return (f"| {name} | {mean(lambda r: not r['greedy']):.3f} | {change} | {mean(lambda r: r['greedy']):.3f} | "
+                f"{flips} | {mean(lambda r: not r['greedy'] and r['form'] == 'plain'):.3f} | "
+                f"{mean(lambda r: not r['greedy'] and r['form'] != 'plain'):.3f} |\n")
+
+    lines = ["| run | mean@k | paired change | greedy | greedy up / down | plain mean@k | training forms mean@k |\n",
+             "|---|---|---|---|---|---|---|\n", row(f"{base.name} step 0", records(base, 0), "", "")]
+    for d in runs:
+        gain, se = paired_gain(base, 0, step, d)
+        up, down = paired_greedy(base, 0, step, d)
+        lines.append(row(f"{d.name} step {step}", records(d, step), f"{gain:+.3f} ± {se:.3f}", f"{up} / {down}"))
+    return "".join(lines)
+
+
 def report(runs: dict[str, list[Path]], out_dir: Path) -> None:
     from smollm2 import fmt_p, mcnemar_p, paired_gain, paired_greedy
 
@@ -493,6 +517,9 @@ def main() -> None:
         p.add_argument("--temperature", type=float, default=1.0, help="--check's sampling temperature")
         p.add_argument("--check-threads", type=int, default=1, help="--check's torch threads")
         p.add_argument("--arms", nargs="+", choices=list(ARMS), help="the arms to run (default: all)")
+        p.add_argument("--compare", nargs="+", metavar="RUN", help="BASE RUN...: RUNs' --compare-step eval "
+                       "against BASE's step 0, paired over problems (the lr pilots)")
+        p.add_argument("--compare-step", type=int, default=30)
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
@@ -507,6 +534,9 @@ def main() -> None:
         res = (json.loads((out_dir / f"preconditions{tag}.json").read_text()) if args.report_only
                else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature, args.check_threads))
         print(check_report(res))
+        return
+    if args.compare:
+        print(compare(Path(args.compare[0]), [Path(d) for d in args.compare[1:]], args.compare_step))
         return
     arms = {a: ARMS[a] + COMMON for a in (args.arms or ARMS)}
     report(harness.run_arms(EXPERIMENT, RECIPE, arms, args), out_dir)

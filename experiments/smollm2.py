@@ -55,10 +55,11 @@ def records(run: Path, step: int) -> list[dict]:
             if x.strip()]
 
 
-def paired_greedy(run: Path, before: int, after: int) -> tuple[int, int]:
-    """(problems greedy got right only after, right only before): the discordant pairs of a McNemar test."""
+def paired_greedy(run: Path, before: int, after: int, other: Path | None = None) -> tuple[int, int]:
+    """(problems greedy got right only after, right only before): the discordant pairs of a McNemar test; ``after``
+    read from ``other`` when given (another run on the same held-out problems)."""
     a = {r["id"]: r["correct"] for r in records(run, before) if r["greedy"]}
-    b = {r["id"]: r["correct"] for r in records(run, after) if r["greedy"]}
+    b = {r["id"]: r["correct"] for r in records(other or run, after) if r["greedy"]}
     return sum(b[i] and not a[i] for i in a), sum(a[i] and not b[i] for i in a)
 
 
@@ -99,16 +100,17 @@ def by_kind(dirs: list[Path], steps: int) -> str:
     return "".join(lines)
 
 
-def paired_gain(run: Path, before: int, after: int) -> tuple[float, float]:
-    """(mean, standard error) over the held-out problems of each problem's change in sampled accuracy."""
-    def per_problem(step: int) -> dict[str, float]:
+def paired_gain(run: Path, before: int, after: int, other: Path | None = None) -> tuple[float, float]:
+    """(mean, standard error) over the held-out problems of each problem's change in sampled accuracy; ``after``
+    read from ``other`` when given (another run on the same held-out problems)."""
+    def per_problem(d: Path, step: int) -> dict[str, float]:
         rows: dict[str, list[bool]] = {}
-        for r in records(run, step):
+        for r in records(d, step):
             if not r["greedy"]:
                 rows.setdefault(r["id"], []).append(r["correct"])
         return {i: statistics.fmean(v) for i, v in rows.items()}
 
-    a, b = per_problem(before), per_problem(after)
+    a, b = per_problem(run, before), per_problem(other or run, after)
     d = [b[i] - a[i] for i in a]
     return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
 
