@@ -29,6 +29,10 @@ first ``--prompts`` training problems as the recipe prompts them, ``--max-tokens
                                                      [--repeats 3] [--no-bound]
     PYTHONPATH=src python benchmarks/decode_paths.py --recipe recipes/smollm2_math.yaml --paths fused,bf16 \
                                                      --no-bound --mismatch [--prefill]
+    PYTHONPATH=src python benchmarks/decode_paths.py --sampler-cost 49152       # the sampler alone, 64 rows
+
+``--sampler-cost VOCAB`` times only the draw of one decode step (``torch.multinomial`` against the ``race`` sampler,
+``hf.sample_rows``) on ``--prompts`` x ``--group`` rows of a VOCAB-token softmax.
 """
 
 from __future__ import annotations
@@ -57,8 +61,14 @@ def main() -> None:
     p.add_argument("--prefill", action="store_true", help="time the prefill alone: float32 vs autocast bf16")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--sampler-cost", type=int, metavar="VOCAB", help="only time one decode step's draw: "
+                   "torch.multinomial against hf.sample_rows over --prompts x --group rows of VOCAB tokens")
     a = p.parse_args()
     import torch
+
+    if a.sampler_cost:
+        sampler_cost(a.prompts * a.group, a.sampler_cost, a.repeats, a.threads)
+        return
 
     from groupwise.models import base_model
     from groupwise.models.tiny import build_model, build_tokenizer
@@ -158,6 +168,32 @@ def main() -> None:
     if a.mismatch:
         for name in (n for n in gens if n != "model"):
             mismatch(model, tok, HFGenerator(kinds[name], model, tok), reqs, a.max_tokens, name)
+
+
+def sampler_cost(rows: int, vocab: int, repeats: int, threads: int) -> None:
+    """CPU ms per draw of one token for each of ``rows`` rows over ``vocab`` tokens (a softmax of random logits):
+    ``torch.multinomial`` (``sampler: multinomial``) against ``hf.sample_rows`` (``race``), median of ``repeats``
+    blocks of 20 draws, alternating."""
+    import torch
+
+    from groupwise.rollout.hf import sample_rows
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(rows, vocab, generator=g) * 3, -1)
+    draws = {"multinomial": lambda: torch.multinomial(probs, 1, generator=g), "race": lambda: sample_rows(probs, g)}
+    times: dict[str, list[float]] = {k: [] for k in draws}
+    for f in draws.values():
+        f()
+    for r in range(repeats):
+        for name, f in (draws.items() if r % 2 == 0 else reversed(draws.items())):
+            t = time.process_time()
+            for _ in range(20):
+                f()
+            times[name].append((time.process_time() - t) / 20 * 1000)
+    m, race = statistics.median(times["multinomial"]), statistics.median(times["race"])
+    print(f"{rows} rows x {vocab} tokens, {threads} thread(s): multinomial {m:.1f} ms, race {race:.1f} ms a draw "
+          f"({m / race:.2f}x)")
 
 
 def prefill_times(model, reqs, tok, repeats: int) -> None:

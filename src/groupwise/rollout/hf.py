@@ -59,7 +59,7 @@ class HFConfig:
     generate time (a sliding window shorter than the sequence) decodes that call in float32 with one warning."""
     sampler: Literal["race", "multinomial"] = "race"
     """How a token is drawn from the temperature-scaled (top-p filtered) distribution: ``race``, the exponential
-    race of ``sample_rows`` (float32 uniforms; ~3.7x cheaper than ``multinomial`` over a 49k vocabulary), or
+    race of ``sample_rows`` (float32 uniforms; ~3.6x cheaper than ``multinomial`` over a 49k vocabulary), or
     ``torch.multinomial``, the sampler of every run before 2026-12-06: the same law, other draws for one seed
     (set it to reproduce those runs token for token). Greedy decoding uses neither."""
 
@@ -89,8 +89,9 @@ def race(probs: Tensor, u: Tensor) -> Tensor:
 
 def sample_rows(probs: Tensor, rng: torch.Generator) -> Tensor:
     """One token per row of ``probs`` [A, V]: ``torch.multinomial(probs, 1)``'s exponential race with E = -log(U),
-    U a float32 uniform, at ~0.27 of its CPU time over SmolLM2's 49,152-token vocabulary (64 rows, one thread: 17.5
-    against 65.6 ms per decode step; multinomial draws E in double precision, which costs the rest). U's 2^-24 grid
+    U a float32 uniform, at ~0.28 of its CPU time over SmolLM2's 49,152-token vocabulary (64 rows, one thread: 18.1
+    against 65.2 ms per decode step, ``benchmarks/decode_paths.py --sampler-cost 49152``; multinomial draws E in
+    double precision, which costs the rest). U's 2^-24 grid
     moves a token's probability by ~1e-7 at most, below the float32 logits' own rounding. The draws differ from
     ``multinomial``'s for one seed; their law does not (tests/unit/rollout/test_hf.py)."""
     return race(probs, torch.empty(probs.shape, dtype=torch.float32).uniform_(generator=rng))
