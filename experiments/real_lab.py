@@ -107,7 +107,11 @@ Running table (updated as runs finish; done / left):
 - RUNNING (from 2026-12-06 20:15; seed 1 from 20:42): GRPO seeds 0 and 1 at lr 2e-4, 60 steps (checkpoints every 10;
   the harness resumes them).
   Step 0 held-out: mean@4 0.307, greedy 0.400 (the race sampler's draws; 0.310 / 0.400 with multinomial's).
-- LEFT: GRPO seeds 1, 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
+- RESUMED 2026-12-06 21:14: seed 0 from its step-10 checkpoint, seed 1 from the start (it had none).
+- DECIDED 2026-12-06 (before any arm ran): a method arm evaluates once, after step 60, and is paired with the GRPO
+  run of its seed at step 0 and at step 60 (BASELINES, STEP0_KEYS, ``report``); the baselines keep 0 / 30 / 60.
+  Two evals fewer a run (~20 of ~95 minutes). Agon keeps its own step 0 (its eval is the greedy cascade).
+- LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
   a GRPO run's age-1 drift first: at tau 1e-3 it replays nothing), GARL, PAFT, OPSD, DASH-OPSD, RLCSD, DistIL,
@@ -134,6 +138,16 @@ EXPERIMENT = "real_lab"
 RECIPE = "recipes/smollm2_lab.yaml"
 STEPS, EVAL_EVERY = 60, 30
 COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=10", "trainer.sinks=[jsonl]"]
+# The baselines evaluate at steps 0, 30 and 60 (the learning curve, precondition 6). A method arm evaluates once,
+# after its last step: its step 0 is the GRPO run's of the same seed, the same policy (the same warm start, a fresh
+# adapter whose B is zero: no change to any weight), the same eval seed (``stable_seed("eval", seed)``, whatever the
+# step) and the same problems, so the two evals are the same computation; the report checks the settings that decide
+# it (STEP0_KEYS) and compares the records of any arm that has its own step 0. Two evals fewer (~20 of ~95 minutes).
+BASELINES = ("grpo", "grpo_2ep")
+ARM_EVAL = ["eval.before=false", "eval.every=0"]
+STEP0_KEYS = ("seed", "model", "task", "rollout.generator", "rollout.max_completion_tokens", "trainer.threads",
+              "eval.n_problems", "eval.k", "eval.temperature", "eval.greedy", "eval.max_completion_tokens",
+              "eval.forced_prefix")
 # The arms: the two baselines, then one arm per method (issue 44), each the dotted overrides that turn RECIPE into
 # the method, adapted from its lab recipe (recipes/<method>_lab.yaml). Beside each: every choice and why, then what
 # its smoke showed (2 steps of 2 prompts x 8 samples on one thread, 2026-12-06; in most smokes step 1 had one group
@@ -473,38 +487,130 @@ def compare(base: Path, runs: list[Path], step: int) -> str:
     return "".join(lines)
 
 
+def step0_base(run: Path) -> Path:
+    """The GRPO run of ``run``'s seed: its step-0 eval is every arm's of that seed (the notes at BASELINES)."""
+    return run.parent / f"grpo-{run.name.rsplit('-', 1)[1]}"
+
+
+def check_step0(run: Path, base: Path) -> str:
+    """Stops (one line) if ``run`` and ``base`` differ in a setting that decides the step-0 eval (STEP0_KEYS);
+    where ``run`` has a step-0 eval of its own, compares its records with ``base``'s and says how many differ."""
+    import yaml
+    from smollm2 import records
+
+    def setting(d: Path, key: str):
+        v = yaml.safe_load((d / "resolved_config.yaml").read_text())
+        for part in key.split("."):
+            v = v[part]
+        return v
+
+    if diff := [k for k in STEP0_KEYS if setting(run, k) != setting(base, k)]:
+        raise SystemExit(f"{run.name}: its step 0 is not {base.name}'s ({', '.join(diff)} differ); give it "
+                         "eval.before=true")
+    if not (run / "eval" / "step_0.jsonl").exists():
+        return ""
+    keys = ("id", "greedy", "text", "correct")
+    a, b = ([tuple(r[k] for k in keys) for r in records(d, 0)] for d in (run, base))
+    differ = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+    return f"{run.name}'s own step 0 against {base.name}'s: {differ} of {len(b)} records differ"
+
+
+def vs(run: Path, step: int, other: Path, other_step: int) -> tuple[float, float, int, int]:
+    """``run`` at ``step`` against ``other`` at ``other_step`` on the same held-out problems: the paired change of
+    mean@k over problems ± SE, and the problems greedy got right only in ``run`` / only in ``other``."""
+    from smollm2 import paired_gain, paired_greedy
+
+    gain, se = paired_gain(other, other_step, step, run)
+    up, down = paired_greedy(other, other_step, step, run)
+    return gain, se, up, down
+
+
 def report(runs: dict[str, list[Path]], out_dir: Path) -> None:
-    from smollm2 import fmt_p, mcnemar_p, paired_gain, paired_greedy
+    """Baselines first, then each method arm against GRPO of the same seed (its step 0 and its step 60); Agon, whose
+    eval is the greedy cascade, in its own table."""
+    from smollm2 import fmt_p, mcnemar_p, records
 
     runs = harness.finished(runs)
     keys = ("mean_at_k", "greedy_acc", "pass_at_k", "format_frac", "len_mean")
-    base = next(iter(runs.values()))  # step 0 is the base model in every arm
-    rows = {"base (step 0)": {k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in base]) for k in keys}}
-    rows |= {arm: harness.eval_cells(dirs, keys) for arm, dirs in runs.items()}
-    lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8; held-out eval cycles the four prompt forms\n\n",
-             harness.table(rows, list(keys)), "\nHeld-out mean@k at every evaluation:\n\n", harness.eval_curve(runs),
-             "\nPer seed: paired change of mean@k over problems, greedy right only after / only before:\n\n",
-             "| run | mean@k before -> after | paired change ± SE | greedy up / down (McNemar p) | s/step |\n"
-             "|---|---|---|---|---|\n"]
-    for dirs in runs.values():
-        for d in dirs:
-            s = harness.summary(d)
-            gain, se = paired_gain(d, 0, STEPS)
-            up, down = paired_greedy(d, 0, STEPS)
-            lines.append(f"| {d.name} | {s['before']['eval/mean_at_k']:.3f} -> {s['after']['eval/mean_at_k']:.3f} | "
-                         f"{gain:+.3f} ± {se:.3f} | {up} / {down} ({fmt_p(mcnemar_p(up, down))}) | "
-                         f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
-    lines.append("\nBy prompt form (mean over seeds; `plain` is held out of training): mean@k, greedy, boxed share, "
-                 "accuracy of boxed answers, tokens\n\n| arm | step | form | mean@k | greedy | boxed | acc. of boxed "
-                 "| tokens |\n|---|---|---|---|---|---|---|---|\n")
+    grpo = {d.name: d for d in runs.get("grpo", [])}
+    lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8; held-out eval (200 problems x 4 at T = 1 + greedy) cycles the "
+             "four prompt forms; `plain` is held out of training. Cells: mean ± sd [min, max] over seeds.\n\n"]
+    base = [step0_base(d) for dirs in runs.values() for d in dirs if step0_base(d).name in grpo]
+    base = [grpo[n] for n in sorted({d.name for d in base})]
+    if base:
+        rows = {"step 0 (GRPO's runs)": {k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in base])
+                                         for k in keys}}
+        rows |= {arm: harness.eval_cells(dirs, keys) for arm, dirs in runs.items() if arm != "agon"}
+        lines += [f"Held-out after {STEPS} steps:\n\n", harness.table(rows, list(keys))]
+    if curves := {arm: dirs for arm, dirs in runs.items() if arm in BASELINES}:
+        lines += ["\nThe baselines' held-out mean@k at every evaluation:\n\n", harness.eval_curve(curves)]
+    lines.append("\nAgainst GRPO of the same seed, on the same problems (paired over problems; greedy right only here "
+                 "/ only there, McNemar p):\n\n| arm | seeds | mean@k change from step 0 | minus GRPO at step "
+                 f"{STEPS} | per seed | greedy up / down vs GRPO |\n|---|---|---|---|---|---|\n")
+    notes, per_run = [], []
     for arm, dirs in runs.items():
-        for step in (0, STEPS):
-            for form, v in sorted(by_form(dirs, step).items()):
-                lines.append(f"| {arm} | {step} | {form} | {v['mean_at_k']:.3f} | {v['greedy']:.3f} | "
-                             f"{v['boxed']:.3f} | {v['boxed_acc']:.3f} | {v['len_mean']:.1f} |\n")
-    plot = harness.plot_curves(runs, ["eval/mean_at_k", "eval/greedy_acc", "reward/mean",
-                                      "rollout/completion_len_mean"], out_dir / "curves.png")
-    harness.write_report(out_dir, lines, [plot])
+        if arm in ("grpo", "agon"):
+            continue
+        from_0, minus, cells, up_down = [], [], [], [0, 0]
+        for d in dirs:
+            b = step0_base(d)
+            if b.name not in grpo:
+                notes.append(f"{d.name}: {b.name} is not finished; not compared")
+                continue
+            if note := check_step0(d, b):
+                notes.append(note)
+            g0, se0, u0, d0 = vs(d, STEPS, b, 0)
+            g, se, u, dn = vs(d, STEPS, b, STEPS)
+            from_0.append(g0)
+            minus.append(g)
+            cells.append(f"{g:+.3f} ± {se:.3f}")
+            up_down = [up_down[0] + u, up_down[1] + dn]
+            per_run.append(f"| {d.name} | {g0:+.3f} ± {se0:.3f} | {u0} / {d0} ({fmt_p(mcnemar_p(u0, d0))}) | "
+                           f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
+        if minus:
+            lines.append(f"| {arm} | {len(minus)} | {harness.fmt(harness.agg(from_0))} | "
+                         f"{harness.fmt(harness.agg(minus))} | {'; '.join(cells)} | {up_down[0]} / {up_down[1]} "
+                         f"({fmt_p(mcnemar_p(*up_down))}) |\n")
+    lines.append("\nPer run: paired change of mean@k from step 0 ± SE, greedy up / down from step 0, seconds per "
+                 "step:\n\n| run | mean@k change | greedy up / down | s/step |\n|---|---|---|---|\n")
+    for d in [*runs.get("grpo", [])]:
+        g0, se0, u0, d0 = vs(d, STEPS, d, 0)
+        lines.append(f"| {d.name} | {g0:+.3f} ± {se0:.3f} | {u0} / {d0} ({fmt_p(mcnemar_p(u0, d0))}) | "
+                     f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
+    lines += per_run
+    if "agon" in runs:
+        lines.append("\nAgon (its eval: greedy, each player alone and the cascade both ways) against GRPO's greedy "
+                     "of the same seed:\n\n| run | step | solo a | solo b | cascade ab | cascade ba | GRPO greedy |\n"
+                     "|---|---|---|---|---|---|---|\n")
+        for d in runs["agon"]:
+            for step in (0, STEPS):
+                m = next(r for r in harness.metrics(d) if r["step"] == step and "eval/solo_a_acc" in r)
+                g = step0_base(d)
+                gg = (statistics.fmean(r["correct"] for r in records(g, step) if r["greedy"])
+                      if g.name in grpo else float("nan"))
+                lines.append(f"| {d.name} | {step} | " + " | ".join(
+                    f"{m[f'eval/{k}_acc']:.3f}" for k in ("solo_a", "solo_b", "cascade_ab", "cascade_ba"))
+                    + f" | {gg:.3f} |\n")
+    if notes:
+        lines += ["\n", *[f"- {n}\n" for n in notes]]
+    lines.append("\nBy prompt form (mean over seeds): mean@k, greedy, boxed share, accuracy of boxed answers, "
+                 "tokens\n\n| arm | step | form | mean@k | greedy | boxed | acc. of boxed | tokens |\n"
+                 "|---|---|---|---|---|---|---|---|\n")
+    for arm, dirs in [("step 0 (GRPO's runs)", base)] * bool(base) + [x for x in runs.items() if x[0] != "agon"]:
+        step = 0 if arm.startswith("step 0") else STEPS
+        for form, v in sorted(by_form(dirs, step).items()):
+            lines.append(f"| {arm} | {step} | {form} | {v['mean_at_k']:.3f} | {v['greedy']:.3f} | "
+                         f"{v['boxed']:.3f} | {v['boxed_acc']:.3f} | {v['len_mean']:.1f} |\n")
+    plots = [harness.plot_curves(runs, ["reward/mean", "rollout/completion_len_mean"], out_dir / "curves.png")]
+    if curves:
+        plots.append(harness.plot_curves(curves, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "baselines.png"))
+    harness.write_report(out_dir, lines, plots)
+
+
+def overrides(arm: str) -> list[str]:
+    """An arm's dotted overrides: its method's, COMMON's, and for a method arm one eval, after the last step
+    (Agon's cascade eval is its own: before and after)."""
+    return ARMS[arm] + COMMON + ([] if arm in BASELINES else ["eval.every=0"] if arm == "agon" else ARM_EVAL)
 
 
 def main() -> None:
@@ -538,7 +644,7 @@ def main() -> None:
     if args.compare:
         print(compare(Path(args.compare[0]), [Path(d) for d in args.compare[1:]], args.compare_step))
         return
-    arms = {a: ARMS[a] + COMMON for a in (args.arms or ARMS)}
+    arms = {a: overrides(a) for a in (args.arms or ARMS)}
     report(harness.run_arms(EXPERIMENT, RECIPE, arms, args), out_dir)
 
 
