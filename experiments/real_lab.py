@@ -316,6 +316,32 @@ ARMS = {
     #   client; and the clients are full pipelines in one process (one pipeline peaks at ~8.4 GB on this recipe),
     #   so four do not fit beside the two lanes of this 24 GB machine.
 }
+# HDR's tau, set before the HDR runs by a rule fixed here (2026-12-06, before the calibration ran): HDR with no gate
+# (tau .inf, otherwise the arm's settings) for 10 steps on seed 9 (no arm's seed), no eval; tau = the median over its
+# steps of the mean drift of the age-1 groups it scanned (replay/drift_scanned_age1). So about half the groups one
+# update old pass the gate and older ones fewer, as the paper's 1e-3 does on a model that moves ~1e-3 a step; the
+# paper's value admits nothing here (the smoke's age-1 drift at lr 6e-4 was 1.11).
+HDR_CALIBRATION = ["replay={name: hdr, capacity: 32, replay_groups: 4, tau: .inf}", "trainer.steps=10",
+                   "eval.before=false", "eval.after=false", "seed=9"]
+
+
+def calibrate_hdr(out_dir: Path) -> float:
+    """Run (or reuse) the calibration run and return tau (the rule at HDR_CALIBRATION), printing the drifts."""
+    run = harness.run_one(RECIPE, [*COMMON, *HDR_CALIBRATION], out_dir, "hdr_calibration",
+                          out_dir / "logs" / "hdr_calibration.log")
+    rows = [r for r in harness.metrics(run) if "perf/step_s" in r]
+    for r in rows:
+        print(f"step {r['step']}: scanned {r.get('replay/scanned', 0):.0f}, drift by age " + ", ".join(
+            f"{b} {r[f'replay/drift_scanned_{b}']:.4f} ({r[f'replay/scanned_{b}']:.0f})"
+            for b in ("age1", "age2", "age3plus") if f"replay/drift_scanned_{b}" in r))
+    age1 = [r["replay/drift_scanned_age1"] for r in rows if "replay/drift_scanned_age1" in r]
+    if not age1:
+        raise SystemExit(f"{run}: no step scanned a group one step old; tau cannot be set by the rule")
+    tau = statistics.median(age1)
+    print(f"tau = median age-1 drift over {len(age1)} steps = {tau:.4g}")
+    return tau
+
+
 TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
 
 
@@ -626,6 +652,7 @@ def main() -> None:
         p.add_argument("--compare", nargs="+", metavar="RUN", help="BASE RUN...: RUNs' --compare-step eval "
                        "against BASE's step 0, paired over problems (the lr pilots)")
         p.add_argument("--compare-step", type=int, default=30)
+        p.add_argument("--calibrate-hdr", action="store_true", help="HDR's tau by the rule at HDR_CALIBRATION")
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
@@ -640,6 +667,10 @@ def main() -> None:
         res = (json.loads((out_dir / f"preconditions{tag}.json").read_text()) if args.report_only
                else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature, args.check_threads))
         print(check_report(res))
+        return
+    if args.calibrate_hdr:
+        (out_dir / "logs").mkdir(exist_ok=True)
+        calibrate_hdr(out_dir)
         return
     if args.compare:
         print(compare(Path(args.compare[0]), [Path(d) for d in args.compare[1:]], args.compare_step))
