@@ -59,6 +59,37 @@ def test_plugins_load_in_the_flower_clients(tmp_path):
     assert any(k.endswith("always_half_flower") and v == 0.5 for r in steps for k, v in r.items()), steps
 
 
+CONFIGURED = """import dataclasses
+from groupwise.rewards import REWARDS
+from groupwise.rewards.basic import per_sample
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConstantConfig:
+    value: float = 0.5
+
+
+@REWARDS.register("constant_flower", config=ConstantConfig)
+def constant(cfg, env):
+    return per_sample(lambda s, p: cfg.value)
+"""
+
+
+def test_a_plugin_config_class_reaches_the_flower_clients(tmp_path):
+    """Issue 48: a plug-in whose config class is defined in its own file failed under Flower ("No module named
+    groupwise_plugin_..."): the clients' config went to the simulation's actor pickled with that class by
+    reference, and the actor unpickled it before any plug-in file was imported there."""
+    plugin = tmp_path / "constant.py"
+    plugin.write_text(CONFIGURED)
+    args = [a for a in ARGS if not a.startswith(("reward.terms", "trainer.steps", "trainer.save_every"))]
+    terms = "reward.terms=[{name: constant_flower, value: 0.25}, {name: length_penalty, max_length: 24}]"
+    api.run(load(RECIPE, [*args, f"out_dir={tmp_path}", "name=fl", "driver.backend=flower", "trainer.steps=1",
+                          f"plugins=[{plugin}]", "eval.after=false", terms]))
+    steps = [r for r in rows(tmp_path / "fl") if r["step"] == 1]
+    assert steps and steps[0]["federated/clients_ok"] == 2.0, steps
+    assert any(k.endswith("constant_flower") and v == 0.25 for r in steps for k, v in r.items()), steps
+
+
 FAULTY = '''import os, time
 from groupwise.registry import NoConfig
 from groupwise.rewards import REWARDS

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import signal
 import threading
 import time
@@ -56,22 +57,41 @@ def from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def cached_client(k: int, run, cfg, model_path: str | None) -> fgrpo.Client:
+class ClientSetup:
+    """What every client is built from (the run's config, the driver's, the model it starts from), sent with the
+    ClientApp into the simulation's actors. Unpickling it imports the run's plug-ins first: an actor is a fresh
+    process, and pickle names a class by its module, so a config class defined in a plug-in file (module
+    ``groupwise_plugin_*``, ``plugins.import_ref``) exists there only once that file has been imported."""
+
+    def __init__(self, run, cfg, model_path: str | None):
+        self.run, self.cfg, self.model_path = run, cfg, model_path
+
+    def __reduce__(self):
+        from ray import cloudpickle  # the simulation's own pickler (a callable in the config may be a closure)
+
+        return _unpickle_setup, (list(self.run.plugins), cloudpickle.dumps((self.run, self.cfg, self.model_path)))
+
+
+def _unpickle_setup(plugin_refs: list[str], data: bytes) -> ClientSetup:
+    from groupwise import plugins
+
+    for ref in plugin_refs:  # idempotent: a file is imported once per process
+        plugins.import_ref(ref)
+    return ClientSetup(*pickle.loads(data))
+
+
+def cached_client(k: int, setup: ClientSetup) -> fgrpo.Client:
     """Client k of this run, built on first use in this process (a module-level function, so that the
     ClientApp's handlers pickle it by reference into the simulation's actors, without the lock)."""
-    torch.set_num_threads(run.trainer.threads or 1)
+    torch.set_num_threads(setup.run.trainer.threads or 1)
     with _LOCK:
-        key = (str(run.run_dir), k)
+        key = (str(setup.run.run_dir), k)
         if key not in _CLIENTS:
-            from groupwise import plugins
-
-            for ref in run.plugins:  # a simulation actor is a fresh process: the run's plug-ins register here too
-                plugins.import_ref(ref)
-            _CLIENTS[key] = fgrpo.Client(run, cfg, k, model_path)
+            _CLIENTS[key] = fgrpo.Client(setup.run, setup.cfg, k, setup.model_path)
         return _CLIENTS[key]
 
 
-def client_app(run, cfg, model_path: str | None):
+def client_app(setup: ClientSetup):
     """The ClientApp: each handler finds (or builds) client ``partition-id``'s ``fgrpo.Client``."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
@@ -79,7 +99,7 @@ def client_app(run, cfg, model_path: str | None):
     app = ClientApp()
 
     def client(ctx: Context) -> fgrpo.Client:
-        return cached_client(int(ctx.node_config["partition-id"]), run, cfg, model_path)
+        return cached_client(int(ctx.node_config["partition-id"]), setup)
 
     @app.query()
     def query(msg: Message, ctx: Context) -> Message:
@@ -257,7 +277,7 @@ def run(loop: fgrpo.Loop, states: list | None, model_path: str | None) -> dict[s
     # the loop runs in the ServerApp's thread, where signals cannot be caught: this (main) thread takes Ctrl-C /
     # SIGTERM for it, and the loop sees ``session.stopping`` after its round, saves and stops
     with loop.session.signals():
-        run_simulation(server, client_app(loop.run, loop.cfg, model_path), num_supernodes=n,
+        run_simulation(server, client_app(ClientSetup(loop.run, loop.cfg, model_path)), num_supernodes=n,
                        backend_config={"client_resources": {"num_cpus": 1, "max_restarts": -1},
                                        "init_args": {"num_cpus": 1}})
     if "error" in holder:
