@@ -59,7 +59,6 @@ from torch import Tensor
 from groupwise import checkpoint as ckpt
 from groupwise.config import RunConfig
 from groupwise.eval import evaluate_run
-from groupwise.log import WARM_START
 from groupwise.loop.pipeline import Pipeline
 from groupwise.loop.session import Session
 from groupwise.loop.setup import build
@@ -410,7 +409,7 @@ def start(run: RunConfig, resume: bool, overwrite: bool, cfg: FGRPOConfig) -> tu
     the clients' saved states (None on a fresh run) and the path every client's model starts from."""
     session = Session(run, resume, overwrite)
     base = dataclasses.replace(run, driver=dataclasses.replace(run.driver, name="single", cfg=None))
-    server = build(base, session.checkpoint, progress=session.progress.callback(WARM_START))
+    server = build(base, session.checkpoint, screen=session.progress)
     session.restore(server)
     state = ServerState(trainable(server.policy), [None] * len(cfg.clients))
     clients = None
