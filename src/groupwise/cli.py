@@ -99,7 +99,9 @@ def _eval(args) -> int:
         model_dir = target
         if problem := model_dir_damage(model_dir):
             raise StorageError(f"{problem}; cannot evaluate {model_dir}")
-    cfg = load(recipe, [*overrides, f"model.path={model_dir}"])
+    # the weights as saved: a run's warm start is already in its checkpoint (in the weights, or as the base its
+    # adapter names), so model.warm_start from the run's config must not be applied to them again
+    cfg = load(recipe, [*overrides, f"model.path={model_dir}", "model.warm_start=false"])
     e = cfg.eval
     with eval_screen(args.json) as screen:  # the training screen's phases, its bar the eval's completions
         with screen.phase("loading the model", about=str(model_dir)):
