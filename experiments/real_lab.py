@@ -118,7 +118,9 @@ Running table (updated as runs finish; done / left):
   RREDCoT, DASH drift, LamPO, PivotTrace, GraphPO, Agon. Not arms yet: think modes (the mode tokens are 3 tokens
   each in SmolLM2's tokenizer, and nothing in the warm-up teaches the modes), FGRPO (each client would build its
   own ~20-minute warm-up: the federated driver shares one only for embedded models).
-- LEFT: the transfer check (a harder held-out set; the ``plain`` form).
+- WRITTEN, NOT RUN: the transfer check, ``--transfer RUN...`` (TRANSFER: two-digit operands, 2-5 terms, never
+  trained on; each run's last checkpoint against its seed's step-0 policy, 200 problems x 4 + greedy, ~10 min an
+  eval). The held-out ``plain`` form is in every eval already.
 """
 
 from __future__ import annotations
@@ -513,6 +515,67 @@ def compare(base: Path, runs: list[Path], step: int) -> str:
     return "".join(lines)
 
 
+# The transfer check (written 2026-12-06, before any run finished): the same chains with two-digit operands, which
+# neither the warm-up's traces nor training ever show (single digits there), 2-5 terms, in the four forms; each
+# run's final weights against its seed's step-0 policy on the same problems, drawn with the same eval seed.
+TRANSFER = {"min_terms": 2, "max_terms": 5, "min_digits": 2, "max_digits": 2}
+
+
+def transfer(runs: list[Path], n: int, out_dir: Path) -> str:
+    """Each run's last checkpoint, and the step-0 policy of its seed (the warm start with a fresh adapter, once per
+    seed), on ``n`` TRANSFER problems x eval.k at T = 1 + greedy; records kept in ``out_dir/transfer/``, reused when
+    present. Returns the table: mean@k, greedy and the paired change from step 0 per run."""
+    import dataclasses
+
+    from groupwise import catalog
+    from groupwise.config import load
+    from groupwise.eval import evaluate_run
+    from groupwise.loop.session import latest_model_dir, run_config
+    from groupwise.loop.setup import build
+    from groupwise.registry import BuildEnv
+
+    def evaluated(path: Path, cfg_path: Path, overrides: list[str]) -> list[dict]:
+        if not path.exists():
+            cfg = load(cfg_path, [*overrides, "trainer.threads=1"])
+            p = build(cfg, train=False)
+            t = cfg.task
+            spec = dataclasses.replace(t, cfg=dataclasses.replace(
+                t.cfg, dataset_args={**t.cfg.dataset_args, **TRANSFER}, test_size=n))
+            task = catalog.build(spec, BuildEnv(run=cfg, seed=cfg.seed))
+            _, recs = evaluate_run(p, task.test[:n])
+            path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return [json.loads(x) for x in path.read_text().splitlines()]
+
+    def per_problem(recs: list[dict]) -> dict[str, float]:
+        rows: dict[str, list[bool]] = defaultdict(list)
+        for r in recs:
+            if not r["greedy"]:
+                rows[r["id"]].append(r["correct"])
+        return {i: statistics.fmean(v) for i, v in rows.items()}
+
+    (out_dir / "transfer").mkdir(exist_ok=True)
+    lines = [f"Transfer: {n} held-out chains of {TRANSFER['min_terms']}-{TRANSFER['max_terms']} two-digit operands "
+             "(never trained on), the four forms\n\n| run | mean@k step 0 -> last | paired change ± SE | greedy step "
+             "0 -> last | plain form mean@k |\n|---|---|---|---|---|\n"]
+    for d in runs:
+        seed = d.name.rsplit("-s", 1)[1]
+        before = evaluated(out_dir / "transfer" / f"step0-s{seed}.jsonl", run_config(d), [])
+        after = evaluated(out_dir / "transfer" / f"{d.name}.jsonl", run_config(d),
+                          [f"model.path={latest_model_dir(d)}", "model.warm_start=false"])
+        a, b = per_problem(before), per_problem(after)
+        diff = [b[i] - a[i] for i in a]
+
+        def mean(recs, keep):
+            return statistics.fmean(r["correct"] for r in recs if keep(r))
+
+        lines.append(f"| {d.name} | {mean(before, lambda r: not r['greedy']):.3f} -> "
+                     f"{mean(after, lambda r: not r['greedy']):.3f} | {statistics.fmean(diff):+.3f} ± "
+                     f"{statistics.stdev(diff) / len(diff) ** 0.5:.3f} | {mean(before, lambda r: r['greedy']):.3f} -> "
+                     f"{mean(after, lambda r: r['greedy']):.3f} | "
+                     f"{mean(after, lambda r: not r['greedy'] and r['form'] == 'plain'):.3f} |\n")
+    return "".join(lines)
+
+
 def step0_base(run: Path) -> Path:
     """The GRPO run of ``run``'s seed: its step-0 eval is every arm's of that seed (the notes at BASELINES)."""
     return run.parent / f"grpo-{run.name.rsplit('-', 1)[1]}"
@@ -653,6 +716,9 @@ def main() -> None:
                        "against BASE's step 0, paired over problems (the lr pilots)")
         p.add_argument("--compare-step", type=int, default=30)
         p.add_argument("--calibrate-hdr", action="store_true", help="HDR's tau by the rule at HDR_CALIBRATION")
+        p.add_argument("--transfer", nargs="+", metavar="RUN", help="RUNs' last checkpoint and their seed's step 0 "
+                       "on TRANSFER (two-digit operands)")
+        p.add_argument("--transfer-n", type=int, default=200)
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
@@ -671,6 +737,9 @@ def main() -> None:
     if args.calibrate_hdr:
         (out_dir / "logs").mkdir(exist_ok=True)
         calibrate_hdr(out_dir)
+        return
+    if args.transfer:
+        print(transfer([Path(d) for d in args.transfer], args.transfer_n, out_dir))
         return
     if args.compare:
         print(compare(Path(args.compare[0]), [Path(d) for d in args.compare[1:]], args.compare_step))
