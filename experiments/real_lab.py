@@ -144,8 +144,8 @@ COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_ev
 # The evals (fixed 2026-12-06 before any arm ran). The comparison is a separate eval after training, FINAL_K samples
 # at T = 1 + greedy on the recipe's 200 held-out problems (pass@k for k = 1..16, issue 44), of every run's last
 # checkpoint and of each seed's step-0 policy (the warm start with a fresh adapter, whose B is zero: the RECIPE at that
-# seed), all with the same eval seed (``stable_seed("eval", seed)``, whatever the step), so a run and its seed's step 0
-# or its seed's GRPO run are paired problem by problem (``final_eval``). The baselines also evaluate in the run at
+# seed), all with the same eval draws (``policy_eval``), so a run and its seed's step 0 or its seed's GRPO run are
+# paired problem by problem (``final_eval``). The baselines also evaluate in the run at
 # steps 0, 30 and 60 (eval.k 4: the learning curve, precondition 6); a method arm has no in-run eval (ARM_EVAL), except
 # Agon, whose eval is its own greedy cascade (before and after). The report checks that a run's settings that decide
 # its eval (STEP0_KEYS) are GRPO's of its seed.
@@ -513,11 +513,16 @@ def compare(base: Path, runs: list[Path], step: int) -> str:
 TRANSFER = {"min_terms": 2, "max_terms": 5, "min_digits": 2, "max_digits": 2}
 
 
+EVAL_CHUNK = 40  # problems per eval chunk: a stopped eval (a session's end) resumes from its last finished chunk
+
+
 def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict | None = None,
                 n: int = 0) -> list[dict]:
     """The eval records of ``run``'s last checkpoint (None: the step-0 policy of ``seed``, RECIPE at that seed), ``k``
     samples at T = 1 + greedy on the recipe's held-out problems (``task_args``: on the task with those dataset_args
-    instead, ``n`` problems), computed once and kept at ``path``."""
+    instead, ``n`` problems), kept at ``path``. Evaluated in chunks of EVAL_CHUNK problems, chunk c drawn with eval
+    seed ``1000 * seed + c`` (the same draws for every policy of a seed), each kept in its own file as it finishes:
+    a stopped eval resumes at its first missing chunk."""
     if not path.exists():
         import dataclasses
 
@@ -538,9 +543,18 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
             spec = dataclasses.replace(t, cfg=dataclasses.replace(
                 t.cfg, dataset_args={**t.cfg.dataset_args, **task_args}, test_size=n))
             problems = catalog.build(spec, BuildEnv(run=cfg, seed=cfg.seed)).test[:n]
-        _, recs = evaluate_run(p, problems)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        chunks = []
+        for c, i in enumerate(range(0, len(problems), EVAL_CHUNK)):
+            chunks.append(part := path.with_name(f"{path.stem}.chunk{c}.jsonl"))
+            if not part.exists():  # written whole (a temporary file renamed), so a stopped eval leaves no torn chunk
+                _, recs = evaluate_run(p, problems[i:i + EVAL_CHUNK], seed=1000 * seed + c)
+                tmp = part.with_suffix(".tmp")
+                tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
+                tmp.rename(part)
+        path.write_text("".join(c.read_text() for c in chunks))
+        for c in chunks:
+            c.unlink()
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
@@ -582,7 +596,8 @@ def cells(recs: list[dict]) -> dict[str, float]:
     by: dict[str, list[bool]] = defaultdict(list)
     for r in sampled:
         by[r["id"]].append(r["correct"])
-    out = {f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by.values()) for k in PASS_KS}
+    n = min(len(v) for v in by.values())
+    out = {f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by.values()) for k in PASS_KS if k <= n}
     boxed = [r for r in sampled if r["format"]]
     right = [r["length"] for r in sampled if r["correct"]]
     out |= {"greedy": statistics.fmean(r["correct"] for r in recs if r["greedy"]),
