@@ -108,6 +108,10 @@ Running table (updated as runs finish; done / left):
   the harness resumes them).
   Step 0 held-out: mean@4 0.307, greedy 0.400 (the race sampler's draws; 0.310 / 0.400 with multinomial's).
 - RESUMED 2026-12-06 21:14: seed 0 from its step-10 checkpoint, seed 1 from the start (it had none).
+- DONE 2026-12-06 23:05: GRPO seed 0 (lr 2e-4, 60 steps), in-run eval (200 x 4 + greedy): mean@4 0.307 -> 0.321
+  (step 30) -> 0.344 (step 60), paired change +0.036 ± 0.015 at step 60 (+0.014 ± 0.014 at 30); greedy 0.400 ->
+  0.365 -> 0.405 (11 up / 10 down); pass@4 0.450 -> 0.470. Steps ~62-70 s beside another run (twice that while
+  other work shared the cores). Seed 1 at step 30: 0.312 -> 0.328, greedy 0.395.
 - DECIDED 2026-12-06 (before any arm ran): the comparison eval is a separate eval after training (``final_eval``):
   200 held-out problems x 16 at T = 1 + greedy (pass@1..16, issue 44) of each run's last checkpoint and of each
   seed's step-0 policy, in resumable chunks with the same draws for every policy of a seed; arms have no in-run eval,
