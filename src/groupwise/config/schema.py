@@ -217,20 +217,37 @@ class RewardConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ImportanceSamplingConfig:
-    """Sampler-trainer mismatch correction (TRL's ``vllm_importance_sampling_mode`` / ``_clip_max``): every
-    loss term's per-token loss is multiplied by w = exp(old_logprobs − rollout_logprobs), per token or
-    (sequence modes) the product over the row's loss tokens, truncated at ``cap`` or zeroed above it
-    (``losses/mismatch.py``)."""
+    """Sampler-trainer mismatch correction: every loss term's per-token loss is multiplied by a weight made of
+    r = exp(old_logprobs − rollout_logprobs), per token, per row (the product over its loss tokens) or by the
+    row's geometric mean, within the band [``clip_min``, ``cap``] (``losses/mismatch.py``). Under top-p both
+    log-probs keep the full vocabulary's support, so r carries no kept-mass factor (docs/scaling.md)."""
 
-    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
-    """none: no weight (the loss as without this section, bit for bit); ``*_truncate``: min(w, cap);
-    ``*_mask``: 0 where w > cap (the tokens or rows stay in the denominators, as in TRL)."""
+    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_mask",
+                  "seq_mask_tis"] = "none"
+    """none: no weight (the loss as without this section, bit for bit); TRL's ``vllm_importance_sampling_mode``:
+    ``*_truncate`` clamps r to the band, ``*_mask`` zeroes it outside (the tokens or rows stay in the denominators,
+    as in TRL); ``geometric_mask`` (SkyRL's ``sequence_mask_metric: geometric``) zeroes the rows whose geometric-mean
+    ratio leaves the band and weighs the others 1; ``seq_mask_tis`` (NeMo-RL / OpenRLHF) the same rows, the others
+    weighed by their untruncated token r."""
     cap: float = 3.0
-    """TRL's ``vllm_importance_sampling_clip_max`` (its default, 3)."""
+    """The band's upper bound: TRL's ``vllm_importance_sampling_clip_max`` (its default, 3); SkyRL's
+    ``geo_mask_high`` (1.01), NeMo-RL's ``truncated_importance_sampling_ratio``."""
+    clip_min: float | None = None
+    """The band's lower bound: TRL's ``vllm_importance_sampling_clip_min`` (null: none); SkyRL's ``geo_mask_low``
+    (0.99), NeMo-RL's ``truncated_importance_sampling_ratio_min``; needed by the geometric modes. ICEPOP's band is
+    ``token_mask`` with clip_min 0.5, cap 5."""
 
     def __post_init__(self) -> None:
         _rules(self, ("cap", lambda v: v > 1, "> 1 (w = 1 is no mismatch; a cap at or below it truncates or "
-                                              "masks matching tokens)"))
+                                              "masks matching tokens)"),
+               ("clip_min", lambda v: v is None or 0 <= v < 1, "null or in [0, 1) (w = 1 is no mismatch; a bound "
+                                                               "at or above it raises or masks matching tokens)"))
+        if self.clip_min is not None and self.mode == "none":
+            raise ValueError(f"clip_min={self.clip_min}: mode none applies no weight; allowed: clip_min null, or a "
+                             "mode other than none")
+        if self.clip_min is None and self.mode in ("geometric_mask", "seq_mask_tis"):
+            raise ValueError(f"mode={self.mode} needs the band's lower bound; allowed: clip_min in [0, 1) (SkyRL "
+                             "0.99, NeMo-RL 0.999) with cap (SkyRL 1.01, NeMo-RL 1.002)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
