@@ -356,7 +356,9 @@ class TrainerConfig:
     threads: int = 0
     """torch intra-op threads (0: leave torch's default)."""
     progress: bool = True
-    sinks: tuple[Literal["jsonl", "tensorboard", "wandb", "mlflow"], ...] = ("jsonl", "tensorboard")
+    sinks: tuple[Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"], ...] = ("jsonl", "tensorboard")
+    """Where step metrics go besides the screen: ``metrics.jsonl``, TensorBoard, W&B / MLflow (``pip install
+    groupwise[tracking]``), Trackio (``pip install groupwise[trackio]``: a local store, ``trackio show``)."""
     record_groups: int = 2
     """Groups of each kind (trained, filtered, dropped, replayed) written per step to ``rollouts.jsonl`` for
     ``groupwise inspect`` (0: record nothing; docs/inspect.md)."""
