@@ -111,7 +111,12 @@ Running table (updated as runs finish; done / left):
 - DONE 2026-12-06 23:05: GRPO seed 0 (lr 2e-4, 60 steps), in-run eval (200 x 4 + greedy): mean@4 0.307 -> 0.321
   (step 30) -> 0.344 (step 60), paired change +0.036 ± 0.015 at step 60 (+0.014 ± 0.014 at 30); greedy 0.400 ->
   0.365 -> 0.405 (11 up / 10 down); pass@4 0.450 -> 0.470. Steps ~62-70 s beside another run (twice that while
-  other work shared the cores). Seed 1 at step 30: 0.312 -> 0.328, greedy 0.395.
+  other work shared the cores).
+- DONE 2026-12-06 23:37: GRPO seed 1: mean@4 0.312 -> 0.328 -> 0.335, paired +0.023 ± 0.016 at step 60 (+0.015 ±
+  0.016 at 30); greedy 0.400 -> 0.395 -> 0.385 (10 up / 13 down); pass@4 0.455 -> 0.475. So far (2 seeds, k = 4):
+  GRPO gains 2-4 points of mean@4 in 60 steps, one seed past 2 SE, greedy flat: a small signal, no saturation.
+- RUNNING at the session's end: the FINAL_K evals of GRPO seeds 0 and 1 and of their step-0 policies (a lane queue:
+  ``--arms grpo --seeds 0``, then seed 1, then ``--calibrate-hdr``, then the arms at seed 0, GRPO seed 2 third).
 - DECIDED 2026-12-06 (before any arm ran): the comparison eval is a separate eval after training (``final_eval``):
   200 held-out problems x 16 at T = 1 + greedy (pass@1..16, issue 44) of each run's last checkpoint and of each
   seed's step-0 policy, in resumable chunks with the same draws for every policy of a seed; arms have no in-run eval,
