@@ -110,13 +110,15 @@ def random_case(seed, per_token_advantages):
     return logprobs, old, adv.contiguous(), mask
 
 
-def trl_source(relative):
-    """(version, text) of an installed TRL's source file (read, not imported), or None without TRL: the copied
-    lines are compared all the same, and where TRL is installed they are checked to still be its own."""
+def assert_trl_still_has(relative, *lines):
+    """Where TRL is installed, the lines copied from its file ``relative`` are still its own (read, not imported);
+    without TRL the copies are compared all the same."""
     spec = importlib.util.find_spec("trl")
     if spec is None or spec.origin is None:
-        return None
-    return importlib.metadata.version("trl"), (Path(spec.origin).parent / relative).read_text()
+        return
+    source = (Path(spec.origin).parent / relative).read_text()
+    for line in lines:
+        assert line in source, f"TRL {importlib.metadata.version('trl')} changed: {line}"
 
 
 def batch_inputs(logprobs, old, adv, mask):
@@ -135,12 +137,10 @@ def assert_same_loss_and_gradient(ours, theirs, logprobs, rtol=0.0):
 
 
 def test_gspo_equals_trls_sequence_level_loss_and_gradient():
-    if (found := trl_source("trainer/grpo_trainer.py")) is not None:
-        version, source = found
-        for line in ("log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)",
-                     "coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)",
-                     "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()"):
-            assert line in source, f"TRL {version} changed: {line}"
+    assert_trl_still_has("trainer/grpo_trainer.py",
+                         "log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)",
+                         "coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)",
+                         "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()")
     lp, old, adv, mask = random_case(0, per_token_advantages=False)
     metrics = gspo(batch_inputs(lp, old, adv, mask), WIDE).metrics
     assert 0 < metrics["loss/clip_frac_high"][0] + metrics["loss/clip_frac_low"][0] < float(mask.sum())  # both
