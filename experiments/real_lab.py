@@ -639,11 +639,12 @@ def paired(after: list[dict], before: list[dict]) -> tuple[float, float, int, in
 
 
 def drifted(r: dict) -> bool:
-    """A wrong answer whose total right before the re-check is the gold answer (DASH's drift on this task)."""
+    """A boxed wrong answer whose total right before the re-check is the gold answer (DASH's drift on this task; an
+    answer never boxed is a format failure, not drift)."""
     import re
 
     m = re.search(r"= (-?\d+)\.\s*Check", r["text"])
-    return not r["correct"] and m is not None and m.group(1) == r["gold"]
+    return r["format"] and not r["correct"] and m is not None and m.group(1) == r["gold"]
 
 
 def cells(recs: list[dict]) -> dict[str, float]:
