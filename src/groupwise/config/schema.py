@@ -99,17 +99,24 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ToolsConfig:
-    """Multi-turn rollouts with a task's tool (``rollout/tools.py``): the model writes ``<tool>query</tool>``,
-    the tool's result is appended as ``<result>…</result>`` (masked out of the loss), and the model goes on."""
+    """Multi-turn rollouts with a task's tools or environment (``rollout/tools.py``): the model calls a tool, the
+    result is appended (masked out of the loss), and the model goes on."""
 
+    protocol: Literal["text", "chat"] = "text"
+    """``text``: the model writes ``<tool>query</tool>`` and gets ``<result>…</result>`` (one tool, ``tool``);
+    ``chat``: the tokenizer's chat template carries them, as transformers and TRL do (the tools as OpenAI-style JSON
+    schemas in the prompt, the model's own call format, ``tool`` messages; several tools, ``tools``), and a task's
+    environment episodes (OpenEnv, verifiers) reply through it (``rollout/chat_tools.py``)."""
     tool: str = "search"
-    """The task's tool (``task.tools[tool]``)."""
+    """``text``: the task's tool (``task.tools[tool]``)."""
+    tools: tuple[str, ...] = ()
+    """``chat``: the task's tools offered to the model; empty: all of them."""
     max_turns: int = 4
     """Model turns per rollout (at most max_turns − 1 tool calls are run)."""
     turn_tokens: int = 32
     """New model tokens per turn (rollout.max_completion_tokens caps model and tool tokens together)."""
     result_tokens: int = 64
-    """A tool result, tags included, is cut to this many tokens."""
+    """A tool result is cut to this many tokens (``text``: tags included; ``chat``: its content)."""
     timeout_s: float = 5.0
     """Per turn: the turn's calls (run concurrently) must answer within this many seconds."""
     workers: int = 8
@@ -123,6 +130,12 @@ class ToolsConfig:
         _rules(self, ("max_turns", lambda v: v >= 1, ">= 1"), ("turn_tokens", lambda v: v >= 1, ">= 1"),
                ("result_tokens", lambda v: v >= 1, ">= 1"), ("timeout_s", lambda v: v > 0, "> 0"),
                ("workers", lambda v: v >= 1, ">= 1"))
+        if self.protocol == "text" and self.tools:
+            raise ValueError(f"tools={list(self.tools)}: the chat protocol's; allowed with protocol=text: tool "
+                             "(one tool), or protocol=chat")
+        if self.protocol == "chat" and self.tool != "search":
+            raise ValueError(f"tool={self.tool!r}: the text protocol's; allowed with protocol=chat: tools=[...] "
+                             "(empty: every tool of the task)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +83,24 @@ def _generator(cfg: RunConfig, env: BuildEnv, policy: torch.nn.Module, tokenizer
     if cfg.rollout.tools is not None:
         from groupwise.rollout import tools
 
-        generator = tools.wrap(engine, cfg.rollout.tools, env.task, env.tokenizer)
+        generator = tools.wrap(engine, cfg.rollout.tools, env.task, env.tokenizer, cfg.model.path)
     return CountingGenerator(generator, sync_check(cfg, env.task, tokenizer), cfg.rollout.generator.name, policy,
                              engine)
+
+
+def prompt_tools(cfg: RunConfig, task: Task) -> list[dict] | None:
+    """The tool schemas rendered into every prompt (``rollout.tools.protocol: chat`` with tools), else None."""
+    if cfg.rollout.tools is None or cfg.rollout.tools.protocol != "chat":
+        return None
+    from groupwise.rollout import tools
+
+    return tools.schemas(cfg.rollout.tools, task)
+
+
+def prompt_encoder(cfg: RunConfig, task: Task, tokenizer) -> Callable[[Any], torch.Tensor]:
+    """``pipeline.encode`` with the run's chat-template setting and tool schemas bound: a problem's prompt ids."""
+    return functools.partial(encode, tokenizer=tokenizer, chat_template=cfg.model.chat_template,
+                             tools=prompt_tools(cfg, task))
 
 
 def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
@@ -96,7 +113,7 @@ def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
         return None
     sampler = "bfloat16" if getattr(r.generator.cfg, "dtype", "model") == "bf16" else cfg.model.dtype
     return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, sampler),
-                     encode(task.train[0], tokenizer, cfg.model.chat_template), tokenizer.pad_token_id)
+                     prompt_encoder(cfg, task, tokenizer)(task.train[0]), tokenizer.pad_token_id)
 
 
 def bind(key: str, spec: Spec, env: BuildEnv) -> Part:
@@ -148,7 +165,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | Non
     e = cfg.eval  # a bad eval.forced_prefix fails here, not at the first eval
     forced_prefix_ids(tokenizer, e.forced_prefix, e.max_completion_tokens or cfg.rollout.max_completion_tokens)
     env = BuildEnv(run=cfg, seed=cfg.seed, task=task, policy=policy, tokenizer=tokenizer, initial_policy=initial,
-                   encode=lambda p: encode(p, tokenizer, cfg.model.chat_template))
+                   encode=prompt_encoder(cfg, task, tokenizer))
     parts: list[Part] = []
 
     def make(key: str, spec: Spec) -> Any:
@@ -179,9 +196,9 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | Non
         advantage=make("advantage", cfg.advantage),
         advantage_transforms=[make(f"advantage_transform{i}", t) for i, t in enumerate(cfg.advantage_transforms)],
         replay=buffer, credit=[make(f"credit{i}", c) for i, c in enumerate(cfg.credit)], teacher=counted,
-        learner=learner,
-        parts=parts, recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer,
-                                       task, resume_step, teacher))
+        learner=learner, parts=parts, prompt_tools=prompt_tools(cfg, task),
+        recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer, task,
+                          resume_step, teacher))
     # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);
     # its sampler-trainer gap: the update's π_old, when the generator's log-probs are its sampling distribution's
     pipe.recorder.policy_logprobs = pipe.policy_logprobs
