@@ -111,6 +111,9 @@ class ToolsConfig:
     """``text``: the task's tool (``task.tools[tool]``)."""
     tools: tuple[str, ...] = ()
     """``chat``: the task's tools offered to the model; empty: all of them."""
+    mcp: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    """``chat``: MCP servers whose tools are offered too, by name: the command line of each, a stdio child process
+    (``{calc: [python, servers/calc.py]}``; its tools ``calc_<tool>``; ``pip install 'groupwise[mcp]'``)."""
     max_turns: int = 4
     """Model turns per rollout (at most max_turns − 1 tool calls are run)."""
     turn_tokens: int = 32
@@ -130,6 +133,13 @@ class ToolsConfig:
         _rules(self, ("max_turns", lambda v: v >= 1, ">= 1"), ("turn_tokens", lambda v: v >= 1, ">= 1"),
                ("result_tokens", lambda v: v >= 1, ">= 1"), ("timeout_s", lambda v: v > 0, "> 0"),
                ("workers", lambda v: v >= 1, ">= 1"))
+        bad = next((n for n, argv in self.mcp.items() if not n.isidentifier() or not argv), None)
+        if bad is not None:
+            raise ValueError(f"mcp.{bad}: allowed a name that is an identifier (the tools' prefix) with a non-empty "
+                             "command line, e.g. {calc: [python, servers/calc.py]}")
+        if self.protocol == "text" and self.mcp:
+            raise ValueError("mcp: MCP tools go through the chat template; allowed with protocol=text: none, or "
+                             "protocol=chat")
         if self.protocol == "text" and self.tools:
             raise ValueError(f"tools={list(self.tools)}: the chat protocol's; allowed with protocol=text: tool "
                              "(one tool), or protocol=chat")

@@ -11,7 +11,8 @@ Two protocols (``rollout.tools.protocol``):
         of them by default) are rendered into every prompt as OpenAI-style JSON schemas, the model's calls are
         parsed from its turn (several per turn), each tool is called as ``tool(**arguments)`` and its result goes
         back as a ``tool`` message (its content cut to ``result_tokens`` tokens) rendered by the template, followed
-        by the next generation prompt. A task with episodes (``tasks.base.EpisodeTask``: an OpenEnv server, a
+        by the next generation prompt. MCP servers' tools join them (``rollout.tools.mcp``, ``rollout/mcp_tools.py``).
+        A task with episodes (``tasks.base.EpisodeTask``: an OpenEnv server, a
         verifiers multi-turn env) gets one per rollout: a turn that calls no tool goes to ``episode.respond`` and
         the user messages it returns are appended the same way, until it returns None.
 
@@ -64,6 +65,7 @@ from groupwise.isolation import Forked, resolve
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Generator, Request, SamplingParams, close, release
 from groupwise.rollout.chat_tools import ChatTemplate, ToolCall, call_message, tool_message, tool_schema
+from groupwise.rollout.mcp_tools import mcp_tools
 from groupwise.tasks.base import Episode, EpisodeTask
 from groupwise.types import Completion
 
@@ -408,10 +410,11 @@ def offered(cfg: ToolsConfig, task) -> dict[str, Callable[..., Any]]:
     if unknown:
         raise ConfigError(f"rollout.tools.tools: task '{name}' has no tool {unknown[0]!r}; allowed: "
                           f"{', '.join(sorted(tools)) or 'none (the task has no tools)'}")
-    if not tools and not isinstance(task, EpisodeTask):
+    servers = mcp_tools(cfg.mcp, cfg.timeout_s) if cfg.mcp else {}
+    if not tools and not servers and not isinstance(task, EpisodeTask):
         raise ConfigError(f"rollout.tools: task '{name}' has no tools and no episodes; allowed: a task with tools "
-                          "(task.name=search) or an environment (task.name=verifiers / openenv)")
-    return {t: tools[t] for t in (cfg.tools or sorted(tools))}
+                          "(task.name=search), an environment (task.name=verifiers / openenv) or MCP servers (mcp)")
+    return {**{t: tools[t] for t in (cfg.tools or sorted(tools))}, **servers}
 
 
 def schemas(cfg: ToolsConfig | None, task) -> list[dict[str, Any]] | None:

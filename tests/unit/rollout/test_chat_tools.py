@@ -3,9 +3,11 @@ call format parsed, several tools per turn, results as ``tool`` messages whose t
 an environment's episodes replying through the same loop; bad calls, bad tools and bad environments counted."""
 
 import math
+import sys
 import threading
 import time
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -300,3 +302,39 @@ def test_the_prompt_carries_the_schemas(tmp_path):
     text = TOK.decode(pipe.encode(pipe.task.train[0]).tolist())
     assert text == f"tools: search\n{pipe.task.train[0].prompt}\n"
     assert isinstance(pipe.generator.inner, ToolLoop) and pipe.generator.inner.chat is not None
+
+
+MCP_CALC = str(Path(__file__).parent / "mcp_calc.py")
+
+
+def test_mcp_servers_tools_join_the_loop():
+    pytest.importorskip("mcp")
+    from groupwise.rollout.mcp_tools import mcp_tools
+
+    tools = mcp_tools({"calc": (sys.executable, MCP_CALC)}, 30.0)
+    assert sorted(tools) == ["calc_add", "calc_fail"]
+    schema = tool_schema("calc_add", tools["calc_add"])["function"]  # the schema the server advertises
+    assert schema["description"] == "Add two integers." and schema["parameters"]["required"] == ["a", "b"]
+    script = ['<tool_call>{"name": "calc_add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+              '<tool_call>{"name": "calc_fail", "arguments": {"reason": "no"}}</tool_call><eos>',
+              "<answer>5</answer><eos>"]
+    tl, _ = chat_loop(script, tools)
+    (c,) = tl.generate([Request(torch.tensor(enc("q\n")))], PARAMS, torch.Generator())
+    assert [m["content"] for m in c.meta["messages"] if m["role"] == "tool"] == ["5", "error: RuntimeError"]
+    assert c.meta["tool_errors"] == 1 and tl.pool is None  # groupwise's callables: threads; the server is a process
+    with pytest.raises(ConfigError, match=r"^rollout.tools.mcp: server 'gone' \(/nonexistent/python x.py\) did not "
+                                          r"start: FileNotFoundError"):
+        mcp_tools({"gone": ("/nonexistent/python", "x.py")}, 5.0)
+    with pytest.raises(ConfigError, match=r"rollout.tools: mcp: MCP tools go through the chat template"):
+        load(None, ["rollout.tools={mcp: {calc: [python, calc.py]}}"])
+    with pytest.raises(ConfigError, match=r"rollout.tools: mcp.my-calc: allowed a name that is an identifier"):
+        load(None, ["rollout.tools={protocol: chat, mcp: {my-calc: [python, calc.py]}}"])
+
+
+def test_without_the_mcp_package_one_line_names_the_extra(monkeypatch):
+    from groupwise.rollout.mcp_tools import mcp_tools
+
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    with pytest.raises(ConfigError, match=r"^rollout.tools.mcp needs the mcp package, which is not installed: "
+                                          r"pip install 'groupwise\[mcp\]'$"):
+        mcp_tools({"other": ("python",)}, 5.0)
