@@ -78,18 +78,16 @@ class EnvironmentReward:
             self._step, self._seen = step, {}
         rows = [(g.problem, s) for g in groups for s in g.samples]
         index = [(i, j) for i, g in enumerate(groups) for j in range(len(g.samples))]
-        flat: list[float | None] = []
+        values: list[list[float | None]] = [[None] * len(g.samples) for g in groups]
         errors: dict[tuple[int, int], BaseException] = {}
-        for ij, (ok, value) in zip(index, self._score(rows) if rows else []):
+        for (i, j), (ok, scored) in zip(index, self._score(rows) if rows else []):
+            if not ok:  # the sample's scoring raised: its exception
+                errors[i, j] = scored
+                continue
             try:
-                flat.append(self._value(value) if ok else None)
-                if not ok:
-                    errors[ij] = value
+                values[i][j] = self._value(scored)
             except (KeyError, TypeError, ValueError) as e:
-                flat.append(None)
-                errors[ij] = e
-        it = iter(flat)
-        values = [[next(it) for _ in g.samples] for g in groups]
+                errors[i, j] = e
         if errors:
             raise SampleErrors(values, errors)
         return values
