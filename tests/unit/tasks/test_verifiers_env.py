@@ -106,6 +106,10 @@ def test_a_reward_that_raises_or_hangs_fails_its_samples_counted():
 
 
 def test_a_legacy_environment_its_datasets_rubric_and_tools():
+    import verifiers
+
+    if not hasattr(verifiers, "SingleTurnEnv"):
+        pytest.skip(f"verifiers {verifiers.__version__} has no legacy (v0) form")
     t = task("legacy_single", env_args={"n": 10})
     assert len(t.train) == 10 and len(t.test) == 3  # its eval_dataset is the held-out set
     p = t.train[2]
@@ -131,8 +135,11 @@ def test_bad_environments_are_one_line():
     with pytest.raises(ConfigError, match=r"task.max_rows=0: .*EndlessTaskset is an infinite taskset"):
         task("EndlessTaskset")
     assert len(task("EndlessTaskset", max_rows=10).train) == 9
-    with pytest.raises(ConfigError, match=r"reward function 'ranked' scores a group of rollouts together"):
-        task("legacy_group")
+    import verifiers
+
+    if hasattr(verifiers, "SingleTurnEnv"):  # the legacy form, where the installed verifiers has it
+        with pytest.raises(ConfigError, match=r"reward function 'ranked' scores a group of rollouts together"):
+            task("legacy_group")
     with pytest.raises(ConfigError, match=r"task.env='no_such_env_anywhere': .*"):
         task_ref = VerifiersConfig(env="no_such_env_anywhere")
         catalog.build(Spec("task", "verifiers", task_ref), build_env())
