@@ -124,6 +124,8 @@ Running table (updated as runs finish; done / left):
   arm's expectation are EXPECT (written before the arms ran). An eval of 1,000 rows took ~13 min beside another run,
   so a 3,400-row one is ~45 min: a run is ~60 min of training + ~45 min of eval, ~105 min; 3 seeds x 18 arms + GRPO
   seed 2 ~ 96 lane-hours, ~48 h on two lanes (about sixteen 3-hour sessions).
+- DONE 2026-12-07 01:15: ``--calibrate-hdr`` (the rule at HDR_CALIBRATION): tau = 9.2e-4 (median of the age-1
+  drifts 0.0437, 0.0009, 0.0014, 0.0005, 0.0038, 0.0001, 0.0007; age 3+ groups 0.007-0.074); the HDR arm uses it.
 - LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
@@ -216,7 +218,10 @@ ARMS = {
     # step 2 scanned the one stored group: drift D = 1.11 (mean squared log-ratio after ONE step at lr 6e-4; sampler
     # mismatch 0), so tau = 1e-3 admitted nothing: at this lr HDR replays nothing and is GRPO. Calibrate tau on the
     # age-1 drift of a GRPO run before the runs (D shrinks roughly with lr^2: ~0.03 at 1e-4, still >> 1e-3).
-    "hdr": ["replay={name: hdr, capacity: 32, replay_groups: 4, tau: 0.001}"],
+    # Calibrated 2026-12-07 by the rule at HDR_CALIBRATION (``--calibrate-hdr``, lr 2e-4, 10 steps, seed 9): age-1
+    # drift per step 0.0437, 0.0009, 0.0014, 0.0005, 0.0038, 0.0001, 0.0007 (only step 2's group, stored before the
+    # first update, is far), median 9.2e-4, about the paper's 1e-3: at lr 2e-4 the LoRA policy moves ~1e-3 a step.
+    "hdr": ["replay={name: hdr, capacity: 32, replay_groups: 4, tau: 0.0009212}"],
     # naive replay: HDR's store and budget, the 4 most recent stored groups, no ranking, no gate. Smoke: step 2
     # replayed the one mixed group stored at step 1 (8 rows, 29.7% of the update's loss tokens).
     "fifo_replay": ["replay={name: fifo, capacity: 32, replay_groups: 4}"],
