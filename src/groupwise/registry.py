@@ -226,6 +226,10 @@ class Registry(Generic[T]):
         """Every member's name: registered ones and groupwise's own not imported yet."""
         return sorted({*self._entries, *self._unloaded()})
 
+    def loaded(self) -> dict[str, Entry[T]]:
+        """The members registered so far, by name: plug-ins, and groupwise's own that were imported."""
+        return dict(self._entries)
+
     def entries(self) -> list[Entry[T]]:
         """Every member, each imported."""
         return [self.get(n) for n in self.names()]

@@ -35,15 +35,16 @@ problem id): deterministic and resume-safe. Zero successes → all weights 0; th
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Literal
 
 from groupwise.advantages import ADVANTAGE_TRANSFORMS, ADVANTAGES
 from groupwise.advantages.stats import group_count
+from groupwise.lazy import torch
 from groupwise.seeding import stable_seed
 from groupwise.types import ScoredBatch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def ln_q(u: Tensor, q: float) -> Tensor:

@@ -15,14 +15,16 @@ Constant groups and padded entries get exactly 0 from all three.
 from __future__ import annotations
 
 import dataclasses
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from groupwise.advantages import ADVANTAGES
 from groupwise.advantages.stats import group_centred, group_constant, group_count, group_scale, group_std
+from groupwise.lazy import torch
 from groupwise.registry import NoConfig
 from groupwise.types import ScoredBatch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

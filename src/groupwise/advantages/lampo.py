@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Literal
 
 from groupwise.advantages import ADVANTAGES
 from groupwise.advantages.stats import group_count, group_std
+from groupwise.lazy import torch
 from groupwise.types import ScoredBatch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

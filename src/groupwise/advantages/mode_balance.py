@@ -15,12 +15,14 @@ mean-centred advantages (``advantage: dr_grpo``, no std division), so the term i
 from __future__ import annotations
 
 import dataclasses
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from groupwise.advantages import ADVANTAGE_TRANSFORMS
+from groupwise.lazy import torch
 from groupwise.types import ScoredBatch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

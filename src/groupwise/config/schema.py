@@ -37,6 +37,10 @@ def _rules(obj: Any, *rules: tuple[str, Callable[[Any], bool], str]) -> None:
 
 
 def _device_ok(device: str) -> bool:
+    """A device torch accepts: ``cpu``, ``cuda``, ``cuda:<index>`` and ``mps`` are read here, any other string is
+    asked of torch (so reading a recipe on such a device does not import torch)."""
+    if re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        return True
     import torch
 
     try:

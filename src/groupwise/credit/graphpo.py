@@ -31,10 +31,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
-
 from groupwise.advantages.stats import group_centred, group_constant, group_std
 from groupwise.credit import CREDIT
+from groupwise.lazy import torch
 from groupwise.types import TokenBatch
 
 

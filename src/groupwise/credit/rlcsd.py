@@ -35,9 +35,8 @@ import dataclasses
 import math
 from typing import Literal
 
-import torch
-
 from groupwise.credit import CREDIT
+from groupwise.lazy import torch
 from groupwise.rollout import TRANSFORMS
 from groupwise.rollout.base import RolloutContext
 from groupwise.teachers.models import check_template

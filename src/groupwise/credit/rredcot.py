@@ -36,9 +36,8 @@ import dataclasses
 import re
 from typing import Literal
 
-import torch
-
 from groupwise.credit import CREDIT
+from groupwise.lazy import torch
 from groupwise.rollout import TRANSFORMS
 from groupwise.rollout.base import RolloutContext, verified
 from groupwise.rollout.dre import char_ends, token_index

@@ -63,23 +63,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 import yaml
 
-from groupwise import checkpoint as ckpt
 from groupwise.config import RunConfig, to_dict
 from groupwise.drivers import DRIVERS, DriverRun
+from groupwise.lazy import no_grad, torch
 from groupwise.log import Logger, write_atomic
-from groupwise.loop import workers
-from groupwise.loop.pipeline import Pipeline
-from groupwise.loop.session import CONFIG, Session
-from groupwise.loop.setup import build
-from groupwise.loop.trainer import rl_step
 from groupwise.rollout.base import Request, SamplingParams
 from groupwise.seeding import stable_seed
 from groupwise.types import Group, Problem
+
+if TYPE_CHECKING:  # the loop and the checkpoints are imported where a run uses them: reading a recipe needs only
+    from groupwise.loop.pipeline import Pipeline  # AgonConfig (docs/architecture.md, "The front door")
+    from groupwise.loop.session import Session
 
 NAMES = ("a", "b")
 RIVAL = "agon_rival"
@@ -236,6 +234,8 @@ class _Rival:
 
 def view(p: Pipeline, **parts) -> Pipeline:
     """``p`` with some stages replaced for one step (every other component, and all state, shared)."""
+    from groupwise.loop import workers
+
     v = dataclasses.replace(p, **parts)
     v.shards = workers.InProcess(v)
     return v
@@ -264,6 +264,8 @@ def player_cfg(cfg: RunConfig, i: int) -> RunConfig:
 
 def common_step(cfgs: list[RunConfig], note) -> int | None:
     """The newest step with an intact checkpoint for every player (None: no such step)."""
+    from groupwise import checkpoint as ckpt
+
     steps = []
     for c in cfgs:
         ckpt.clean_stale(c.run_dir)
@@ -279,7 +281,7 @@ def common_step(cfgs: list[RunConfig], note) -> int | None:
     return max(both) if both else None
 
 
-@torch.no_grad()
+@no_grad
 def perturb(policy: torch.nn.Module, std: float, seed: int, lora: bool) -> None:
     """Add N(0, std²) noise to the trained weights (with ``lora``: the adapter's up-matrices only)."""
     g = torch.Generator().manual_seed(stable_seed("agon-perturb", seed))
@@ -301,6 +303,10 @@ def share_base(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 def open_players(cfg: RunConfig, acfg: AgonConfig, resume: bool, note) -> tuple[list[Player], int, dict]:
     """Build both players (from the common checkpoint on resume); returns (players, next step, counters)."""
+    from groupwise import checkpoint as ckpt
+    from groupwise.loop.session import CONFIG
+    from groupwise.loop.setup import build
+
     cfgs = [player_cfg(cfg, i) for i in range(2)]
     step = common_step(cfgs, note) if resume else None
     players, counters = [], {"gen_tokens_total": 0.0, "wall_s_total": 0.0}
@@ -325,6 +331,8 @@ def open_players(cfg: RunConfig, acfg: AgonConfig, resume: bool, note) -> tuple[
 
 
 def save(players: list[Player], step: int, counters: dict, acfg: AgonConfig) -> None:
+    from groupwise import checkpoint as ckpt
+
     for pl in players:
         state = {**pl.pipe.trainer_state(), "counters": dict(counters),
                  "agon": {"mode": acfg.mode, "rotate_roles": acfg.rotate_roles, "players": acfg.players}}
@@ -334,6 +342,8 @@ def save(players: list[Player], step: int, counters: dict, acfg: AgonConfig) -> 
 # ---------------------------------------------------------------------------------------- one round
 def agon_step(players: list[Player], step: int, acfg: AgonConfig) -> dict[str, float]:
     """One step: the drafter's ``rl_step``, then the challenger's on the drafts; metrics by role."""
+    from groupwise.loop.trainer import rl_step
+
     d, c = (players[i] for i in roles(step, acfg.rotate_roles))
     tap = _Tap(d.pipe.builder)
     draft = rl_step(view(d.pipe, builder=tap), step)
@@ -408,6 +418,8 @@ def run_eval(players: list[Player], cfg: RunConfig, acfg: AgonConfig, session: S
 
 # ------------------------------------------------------------------------------------------ the run
 def _open(run: DriverRun, acfg: AgonConfig) -> tuple[Session, list[Player], int]:
+    from groupwise.loop.session import Session
+
     cfg = run.cfg
     session = Session(cfg, run.resume, run.overwrite)
     if run.overwrite and not run.resume:
@@ -421,6 +433,8 @@ def _open(run: DriverRun, acfg: AgonConfig) -> tuple[Session, list[Player], int]
 
 
 def _saved(players: list[Player], step: int) -> bool:
+    from groupwise import checkpoint as ckpt
+
     return all((last := ckpt.latest(pl.root)) is not None and last.name == f"step_{step:07d}" for pl in players)
 
 

@@ -51,21 +51,18 @@ import importlib.util
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
-from torch import Tensor
-
-from groupwise import checkpoint as ckpt
 from groupwise.config import RunConfig
-from groupwise.eval import evaluate_run
-from groupwise.log import WARM_START
-from groupwise.loop.pipeline import Pipeline
-from groupwise.loop.session import Session
-from groupwise.loop.setup import build
-from groupwise.loop.trainer import rl_step
+from groupwise.lazy import no_grad, torch
 
-Weights = dict[str, Tensor]
+if TYPE_CHECKING:  # the loop and the checkpoints are imported where a run uses them: reading a recipe needs
+    from torch import Tensor  # only the configs above (docs/architecture.md, "The front door")
+
+    from groupwise.loop.pipeline import Pipeline
+    from groupwise.loop.session import Session
+
+Weights = dict[str, "Tensor"]
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -211,7 +208,7 @@ def trainable(model: torch.nn.Module) -> Weights:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-@torch.no_grad()
+@no_grad
 def load_trainable(model: torch.nn.Module, weights: Weights) -> None:
     params = dict(model.named_parameters())
     for name, w in weights.items():
@@ -253,6 +250,8 @@ class Client:
 
     def __init__(self, run: RunConfig, cfg: FGRPOConfig, k: int, model_path: str | None):
         self.k, self.fed = k, cfg
+        from groupwise.loop.setup import build
+
         self.pipe: Pipeline = build(client_config(run, cfg, k, model_path), io=False)
 
     def load(self, weights: Weights) -> None:
@@ -264,6 +263,8 @@ class Client:
         """E local steps from the global ``weights``; returns the delta, the score and the mean step metrics."""
         self.load(weights)
         e = self.fed.local_steps
+        from groupwise.loop.trainer import rl_step
+
         steps = [rl_step(self.pipe, rnd * e + s) for s in range(e)]
         metrics = {key: (sum if key.startswith("perf/") else statistics.fmean)([m.get(key, 0.0) for m in steps])
                    for key in steps[-1]}
@@ -277,6 +278,8 @@ class Client:
         return ClientResult({n: now[n] - w for n, w in weights.items()}, score, metrics)
 
     def accuracy(self, problems, **kw) -> dict[str, float]:
+        from groupwise.eval import evaluate_run
+
         return evaluate_run(self.pipe, problems, **kw)[0]
 
     def evaluate(self, weights: Weights) -> dict[str, float]:
@@ -368,6 +371,8 @@ class Loop:
         load_trainable(self.server.policy, self.state.weights)
         state = {**self.server.trainer_state(), "counters": dict(self.session.counters),
                  "federated": {**self.state.state_dict(), "clients": fed.states()}}
+        from groupwise import checkpoint as ckpt
+
         ckpt.save(self.run.run_dir, step, self.server.policy, self.server.tokenizer, state,
                   self.run.trainer.keep_last)
 
@@ -392,6 +397,8 @@ class Loop:
         return self.finish(fed, step, result)
 
     def finish(self, fed, step: int, result: dict) -> dict[str, dict[str, float]]:
+        from groupwise import checkpoint as ckpt
+
         last = ckpt.latest(self.run.run_dir)
         if last is None or last.name != f"step_{step:07d}":
             self.save(fed, step)
@@ -408,6 +415,11 @@ class Loop:
 def start(run: RunConfig, resume: bool, overwrite: bool, cfg: FGRPOConfig) -> tuple[Loop, list | None, str | None]:
     """Open the session and the server (the global model, resumed from the newest checkpoint); returns the loop,
     the clients' saved states (None on a fresh run) and the path every client's model starts from."""
+    from groupwise import checkpoint as ckpt
+    from groupwise.log import WARM_START
+    from groupwise.loop.session import Session
+    from groupwise.loop.setup import build
+
     session = Session(run, resume, overwrite)
     base = dataclasses.replace(run, driver=dataclasses.replace(run.driver, name="single", cfg=None))
     server = build(base, session.checkpoint, progress=session.progress.callback(WARM_START))

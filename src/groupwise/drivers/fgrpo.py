@@ -4,7 +4,7 @@ aggregation, checkpoints) is ``federated.py``; this module picks its backend: in
 
 from __future__ import annotations
 
-from groupwise.drivers import DRIVERS, DriverRun, flower_app
+from groupwise.drivers import DRIVERS, DriverRun
 from groupwise.drivers.federated import FGRPOConfig, InProcess, start
 
 
@@ -13,6 +13,8 @@ def fgrpo(run: DriverRun, cfg: FGRPOConfig) -> dict[str, dict[str, float]]:
     """Federated GRPO (FedAvg / raw-reward / relative-gain aggregation): see the module docstring."""
     loop, states, model_path = start(run.cfg, run.resume, run.overwrite, cfg)
     if cfg.backend == "flower":
+        from groupwise.drivers import flower_app
+
         return flower_app.run(loop, states, model_path)
     fed = InProcess(run.cfg, cfg, model_path)
     if states is not None:

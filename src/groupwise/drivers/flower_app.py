@@ -29,9 +29,8 @@ import threading
 import time
 from typing import Any
 
-import torch
-
 from groupwise.drivers import federated as fgrpo
+from groupwise.lazy import torch
 from groupwise.registry import RunStopped
 
 _CLIENTS: dict[tuple[str, int], fgrpo.Client] = {}

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from torch import Tensor
-
+from groupwise.lazy import torch
 from groupwise.registry import Registry, described
 from groupwise.types import LossInputs, LossTerms
 
@@ -25,10 +24,10 @@ class LossTerm(Protocol):
 def contract(out: object, inp: LossInputs, *_: object) -> str:
     """What is wrong with a loss term's output ("" when nothing): LossTerms with a [B, T] per-token loss."""
     want = tuple(inp.logprobs.shape)
-    if isinstance(out, LossTerms) and isinstance(out.per_token, Tensor) and tuple(out.per_token.shape) == want:
+    if isinstance(out, LossTerms) and isinstance(out.per_token, torch.Tensor) and tuple(out.per_token.shape) == want:
         return ""
     got = (f"LossTerms with per_token of shape {tuple(out.per_token.shape)}" if isinstance(out, LossTerms)
-           and isinstance(out.per_token, Tensor) else described(out))
+           and isinstance(out.per_token, torch.Tensor) else described(out))
     return f"returned {got} for {want[0]} rows x {want[1]} tokens; the contract is LossTerms with a [B, T] per_token"
 
 

@@ -24,15 +24,16 @@ Metrics: ``loss/dash_weight_mean``, ``loss/dash_gate_mean`` and OPSD's.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
-
+from groupwise.lazy import torch
 from groupwise.losses import LOSSES
 from groupwise.losses.opsd import OPSDConfig, needs, token_divergence
 from groupwise.losses.reduce import masked_sum_count
 from groupwise.types import LossInputs, LossTerms
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -42,12 +42,10 @@ its no-grad student passes (one call per ``chunk`` rows, each run in the update'
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Literal
 
 from groupwise.credit import CREDIT
+from groupwise.lazy import no_grad, torch
 from groupwise.losses import LOSSES
 from groupwise.losses.opsd import support_logprobs
 from groupwise.losses.reduce import masked_sum_count
@@ -55,6 +53,9 @@ from groupwise.rollout import TRANSFORMS
 from groupwise.rollout.base import RolloutContext
 from groupwise.teachers import TeacherWant
 from groupwise.types import Group, LossInputs, LossTerms, TokenBatch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,7 +122,7 @@ class DistILCost:
     def __init__(self, cfg: DistILCostConfig):
         self.cfg, self._m = cfg, {}
 
-    @torch.no_grad()
+    @no_grad
     def __call__(self, groups: list[Group], ctx: RolloutContext) -> list[Group]:
         if ctx.teacher is None:  # built only when an active loss term reads it
             raise ValueError("the 'distil' transform needs the run's teacher: add the 'distil' loss with a weight > 0")

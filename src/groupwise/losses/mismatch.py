@@ -27,9 +27,12 @@ weight that would apply); ``mismatch/clipped_frac`` = share of tokens whose weig
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+from groupwise.lazy import no_grad, torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Mismatch:
     max_abs_dlogp: float | None
 
 
-@torch.no_grad()
+@no_grad
 def importance_weights(old: Tensor, sampler: Tensor, mask: Tensor, mode: str,
                        cap: float) -> tuple[Tensor, Tensor]:
     """(w [B, T], clipped [B, T] bool) for ``mode`` (not ``none``); see the module docstring."""
@@ -59,7 +62,7 @@ def importance_weights(old: Tensor, sampler: Tensor, mask: Tensor, mode: str,
                      "sequence_truncate, sequence_mask")
 
 
-@torch.no_grad()
+@no_grad
 def mismatch(old: Tensor, sampler: Tensor, mask: Tensor, mode: str, cap: float) -> Mismatch:
     """The IS weight for ``mode`` and the mismatch metrics of one micro-batch ([B, T], ``mask`` bool)."""
     known = mask & torch.isfinite(sampler)

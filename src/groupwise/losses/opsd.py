@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
-
+from groupwise.lazy import torch
 from groupwise.losses import LOSSES
 from groupwise.losses.reduce import masked_sum_count
 from groupwise.teachers.models import student_on_support
 from groupwise.types import LossInputs, LossTerms
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
+from groupwise.lazy import torch
 from groupwise.losses import LOSSES
 from groupwise.losses.reduce import masked_sum_count
 from groupwise.types import LossInputs, LossTerms

@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
-
+from groupwise.lazy import torch
 from groupwise.replay import BUFFERS
 from groupwise.types import Group, Problem, Replayed, Sample
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -49,11 +49,9 @@ absent when none were scanned), counts ``replay/scanned_age*`` / ``replay/accept
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
-
+from groupwise.lazy import torch
 from groupwise.replay import BUFFERS
 from groupwise.replay.basic import (
     GroupStore,
@@ -64,6 +62,9 @@ from groupwise.replay.basic import (
     replay_copy,
 )
 from groupwise.types import Group, Replayed
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from groupwise.registry import NoConfig
 from groupwise.replay import BUFFERS
 from groupwise.types import Group, Replayed
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class NoReplay:

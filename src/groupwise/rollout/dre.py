@@ -66,8 +66,7 @@ import math
 import re
 from typing import Literal
 
-import torch
-
+from groupwise.lazy import torch
 from groupwise.rollout import TRANSFORMS
 from groupwise.rollout.base import Request, RolloutContext, verified
 from groupwise.types import Completion, Group, Problem, Sample

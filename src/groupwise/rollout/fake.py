@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
+from groupwise.lazy import torch
 from groupwise.rollout import GENERATORS
 from groupwise.rollout.base import Request, SamplingParams
 from groupwise.types import Completion

@@ -49,12 +49,13 @@ one, and the weights float32 (``unsupported(model, length, dtype)``).
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor
-
+from groupwise.lazy import no_grad, torch
 from groupwise.models import base_model
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -186,7 +187,7 @@ class FusedDecoder:
     """The decode state of one generate call: fused weights, the KV buffer and its key mask; with ``dtype``
     (bfloat16) the weights, the head's copy and the buffer in that precision (module docstring)."""
 
-    @torch.no_grad()
+    @no_grad
     def __init__(self, model: torch.nn.Module, cache, attn: Tensor, new_tokens: int,
                  dtype: torch.dtype | None = None):
         self.model, self.dtype = base_model(model), dtype
@@ -219,9 +220,10 @@ class FusedDecoder:
         """Drop finished rows (``rows``: the indices to keep)."""
         self.k, self.v, self.valid = self.k[:, rows], self.v[:, rows], self.valid[rows]
 
-    @torch.no_grad()
+    @no_grad
     def step(self, tok: Tensor, pos: Tensor) -> Tensor:
         """Logits [rows, V] after feeding ``tok`` [rows] at positions ``pos`` [rows] (float32 with ``dtype``)."""
+        F = torch.nn.functional
         b, n, d = tok.shape[0], self.n, self.head_dim
         inner = self.model.model
         h = inner.embed_tokens(tok)  # [B, E]

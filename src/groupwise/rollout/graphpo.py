@@ -66,8 +66,7 @@ import re
 import zlib
 from typing import Any, Literal, Protocol, runtime_checkable
 
-import torch
-
+from groupwise.lazy import no_grad, torch
 from groupwise.registry import ConfigError
 from groupwise.rollout import BUILDERS
 from groupwise.rollout.base import Request, RolloutContext
@@ -190,7 +189,7 @@ def hashed_embedding(text: str, dim: int) -> torch.Tensor:
     return v / v.norm().clamp(min=1e-12)
 
 
-@torch.no_grad()
+@no_grad
 def policy_embeddings(model, prompts: list[torch.Tensor], paths: list[list[int]]) -> list[torch.Tensor]:
     """The policy's last-layer hidden state at the last token of prompt ⊕ path, one right-padded batch."""
     seqs = [torch.cat([p, torch.tensor(x, dtype=torch.long)]) for p, x in zip(prompts, paths)]

@@ -11,16 +11,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
-
+from groupwise.lazy import no_grad, torch
 from groupwise.models.forward import cache_keyword, prefill
 from groupwise.registry import ConfigError
 from groupwise.rollout import GENERATORS, fused
 from groupwise.rollout.base import Request, SamplingParams, eos_ids
 from groupwise.types import Completion
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,7 +114,7 @@ class HFGenerator:
         assert model is self.model
         return True
 
-    @torch.no_grad()
+    @no_grad
     def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
         out: list[Completion] = []
         step = self.cfg.max_batch_rows

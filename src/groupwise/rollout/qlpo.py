@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
+from groupwise.lazy import torch
 from groupwise.rollout import TRANSFORMS
 from groupwise.rollout.base import RolloutContext
 from groupwise.types import Group

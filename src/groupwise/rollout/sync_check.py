@@ -42,14 +42,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
-
+from groupwise.lazy import no_grad, torch
 from groupwise.models import fsdp
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import RunStopped
 from groupwise.rollout.base import Request, SamplingParams
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 PROBE_TOKENS = 32
 """Greedy tokens the engine generates for the probe."""
@@ -100,7 +102,7 @@ def probe(generator, prompt_ids: Tensor) -> Probe:
     return Probe(prompt_ids, c.completion_ids, c.rollout_logprobs.float())
 
 
-@torch.no_grad()
+@no_grad
 def gap(model: torch.nn.Module, p: Probe, pad_id: int) -> float:
     """mean |log p_engine − log p_trainer| over the probe tokens with an engine log-prob (the trainer's
     teacher-forced pass, eval mode, temperature 1); 0 when there is none."""

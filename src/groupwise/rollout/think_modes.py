@@ -37,8 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
-
+from groupwise.lazy import torch
 from groupwise.rollout import BUILDERS
 from groupwise.rollout.base import RolloutContext
 from groupwise.types import Group, Problem, Sample

@@ -44,10 +44,9 @@ import time
 from collections.abc import Callable
 from multiprocessing import connection
 
-import torch
-
 from groupwise.config import ToolsConfig
 from groupwise.isolation import Forked, resolve
+from groupwise.lazy import torch
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Generator, Request, SamplingParams, close, release
 from groupwise.types import Completion

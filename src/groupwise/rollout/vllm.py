@@ -50,9 +50,9 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from groupwise.models import lora
+from groupwise.lazy import no_grad, torch
+from groupwise.models import base_model, is_lora
 from groupwise.registry import ConfigError
 from groupwise.rollout import GENERATORS
 from groupwise.rollout.base import Request, SamplingParams, eos_ids
@@ -128,7 +128,9 @@ def logprobs_mode(top_p: float, temperature: float) -> str:
 def policy_weights(model: torch.nn.Module, merge: bool = True) -> dict[str, torch.Tensor]:
     """The policy as checkpoint-named weights, tied ones included (vLLM's loaders expect ``lm_head.weight`` even
     for tied embeddings); a LoRA policy merged, or with ``merge=False`` its base alone."""
-    state = lora.merged_weights(model, merge) if lora.is_lora(model) else model.state_dict()
+    from groupwise.models import lora
+
+    state = lora.merged_weights(model, merge) if is_lora(model) else model.state_dict()
     return {k: v.detach() for k, v in state.items()}
 
 
@@ -140,7 +142,7 @@ def model_files(model: torch.nn.Module, tokenizer, out: Path) -> Path:
     """Write the policy's config, generation config and tokenizer, no weights, into ``out``: the colocated
     engine starts from them with ``load_format=dummy`` and is given the weights before it first generates; in
     server mode they sit beside the weights the server reloads."""
-    base = lora.base_model(model)
+    base = base_model(model)
     out.mkdir(parents=True, exist_ok=True)
     base.config.save_pretrained(out)
     if getattr(base, "generation_config", None) is not None:
@@ -165,7 +167,7 @@ class VLLMGenerator:
                  device: str, mode_for_logprobs: str, threads: int):
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.stale, self.asleep, self.version = True, False, 0
-        self.adapter = cfg.mode == "colocate" and cfg.lora_sync == "adapter" and lora.is_lora(model)
+        self.adapter = cfg.mode == "colocate" and cfg.lora_sync == "adapter" and is_lora(model)
         self.lora_request, self.base_pushed = None, False
         self.eos_ids = eos_ids(model, tokenizer)
         self.workdir = workdir
@@ -304,7 +306,7 @@ class VLLMGenerator:
                     stop=list(params.stop) or None, include_stop_str_in_output=True, stop_token_ids=self.eos_ids,
                     skip_special_tokens=True)
 
-    @torch.no_grad()
+    @no_grad
     def generate(self, requests: list[Request], params: SamplingParams, rng: torch.Generator) -> list[Completion]:
         self._push()
         seeds = torch.randint(0, 2**62, (len(requests),), generator=rng).tolist()

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
-
+from groupwise.lazy import no_grad, torch
 from groupwise.models.forward import Packed, completion_logprobs
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _get_impl(model) -> str | None:
@@ -50,7 +52,7 @@ def eager_attention(model) -> Iterator[None]:
         _set_impl(model, previous)
 
 
-@torch.no_grad()
+@no_grad
 def attention_maps(model, packed: Packed, layers: Sequence[int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(logprobs [B, T], entropy [B, T], attentions [L, B, H, S, S]) of one packed batch, no grad, eval mode.
 

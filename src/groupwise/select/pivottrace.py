@@ -72,16 +72,17 @@ import dataclasses
 import math
 import random as _random
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
-
+from groupwise.lazy import torch
 from groupwise.models.forward import pack
 from groupwise.seeding import stable_seed
 from groupwise.select import SELECTORS
 from groupwise.select.attention import attention_maps
 from groupwise.types import Problem
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 ACTIONS = ("pseudo", "gold", "skip")
 

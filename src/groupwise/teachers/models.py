@@ -33,8 +33,7 @@ import dataclasses
 import string
 from collections.abc import Callable
 
-import torch
-
+from groupwise.lazy import no_grad, torch
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.teachers import PRIVILEGED_CONTEXT, TEACHERS, TeacherWant, privileged_problem  # noqa: F401
 from groupwise.types import Problem, Sample, TeacherOutput
@@ -125,7 +124,7 @@ class ModelTeacher:
             return sample.prompt_ids
         return self.encode(privileged_problem(problem, self.cfg.context))
 
-    @torch.no_grad()
+    @no_grad
     def score(self, samples: list[Sample], problems: list[Problem], want: TeacherWant) -> TeacherOutput:
         model = self.model()
         dev = next(model.parameters()).device
@@ -156,7 +155,7 @@ class EMATeacher(ModelTeacher):
         super().__init__(cfg, lambda: self.weights, env)
         self.decay = cfg.decay
 
-    @torch.no_grad()
+    @no_grad
     def on_step(self, step: int, policy: torch.nn.Module) -> None:
         for t, p in zip(self.weights.parameters(), policy.parameters()):
             t.mul_(self.decay).add_(p.detach(), alpha=1.0 - self.decay)
