@@ -25,6 +25,7 @@ def check(cfg: RunConfig) -> None:
             except ValueError as e:
                 raise ConfigError(f"{spec.kind} '{spec.name}': {e}") from None
     _check_abilities(cfg)
+    _check_tools(cfg)
     _check_importance_sampling(cfg)
     if cfg.rollout.max_async_level:
         _check_async(cfg)
@@ -54,37 +55,60 @@ def check(cfg: RunConfig) -> None:
 
 
 def slots(cfg: RunConfig) -> list[tuple[str, Spec]]:
-    """Every selected component with its key, in pipeline order; a term with weight 0 is computed and logged
-    but gives nothing to the others, so it is left out."""
-    r = cfg.rollout
-    out = [("task", cfg.task), ("select", cfg.select), ("rollout.generator", r.generator),
-           ("rollout.builder", r.builder), *((f"rollout.transforms.{i}", t) for i, t in enumerate(r.transforms)),
-           *((f"reward.terms.{i}", t) for i, t in enumerate(cfg.reward.terms)), ("filter", cfg.filter),
-           ("replay", cfg.replay), ("advantage", cfg.advantage),
-           *((f"advantage_transforms.{i}", t) for i, t in enumerate(cfg.advantage_transforms)),
-           *((f"credit.{i}", t) for i, t in enumerate(cfg.credit)), ("teacher", cfg.teacher),
-           *((f"loss.terms.{i}", t) for i, t in enumerate(cfg.loss.terms)), ("driver", cfg.driver)]
-    return [(k, s) for k, s in out if s.weight != 0]
+    """The components that give the others what they provide, with their keys (``RunConfig.slots``): a term with
+    weight 0 is computed and logged but gives nothing to the others, so it is left out."""
+    return [(k, s) for k, s in cfg.slots() if s.weight != 0]
 
 
 def _check_abilities(cfg: RunConfig) -> None:
     """Every ability a selected component requires (``Entry.requires``; a loss term's teacher ``needs`` require a
     teacher) is provided by another selected one, and none provides what another ``conflicts`` with."""
-    chosen = [(key, spec, registry(spec.kind).get(spec.name)) for key, spec in slots(cfg)]
+    every = [(key, spec, registry(spec.kind).get(spec.name)) for key, spec in cfg.slots()]
+    chosen = [(key, spec, e) for key, spec, e in every if spec.weight != 0]  # ``slots``: those that give
     given = {a for _, spec, e in chosen for a in e.abilities("provides", spec.cfg)}
-    for key, spec, entry in chosen:
-        needs = entry.needs_of(spec.cfg) if spec.kind == "loss" else ()
+    for key, spec, entry in every:  # a term with weight 0 is built and computed too: what it requires must exist
+        needs = entry.needs_of(spec.cfg) if spec.kind == "loss" and spec.weight != 0 else ()
         wants = (*entry.abilities("requires", spec.cfg), *(n for n in ("teacher", "teacher_topk") if n in needs),
                  *(("teacher",) if "teacher_vocab" in needs else ()))
         for ability in dict.fromkeys(wants):
             if ability not in given:
                 raise ConfigError(f"{key}: {spec.kind} '{spec.name}' requires {ability!r}, which no selected "
                                   f"component provides; allowed: add {' or '.join(providers(ability))}")
-        for ability in entry.abilities("conflicts", spec.cfg):
+        for ability in entry.abilities("conflicts", spec.cfg) if spec.weight != 0 else ():
             other = [(k, s) for k, s, e in chosen if s is not spec and ability in e.abilities("provides", s.cfg)]
             if other:
                 raise ConfigError(f"{key}: {spec.kind} '{spec.name}' cannot run with {other[0][1].kind} "
                                   f"'{other[0][1].name}' ({other[0][0]}): both {ability!r}; allowed: one of them")
+
+
+def _check_tools(cfg: RunConfig) -> None:
+    """``rollout.tools`` calls one of the task's tools: a task declares each as the ability ``tool:<name>``."""
+    tools = cfg.rollout.tools
+    if tools is None:
+        return
+    provides = registry("task").get(cfg.task.name).abilities("provides", cfg.task.cfg)
+    have = sorted(a.removeprefix("tool:") for a in provides if a.startswith("tool:"))
+    if tools.tool not in have:
+        what = f"tools {', '.join(have)}" if have else "no tools"
+        raise ConfigError(f"rollout.tools.tool={tools.tool!r}: task '{cfg.task.name}' has {what}; allowed: a tool of "
+                          "the task (task.name=search has 'search')")
+
+
+def processes(cfg: RunConfig, world: int) -> None:
+    """What several training processes (torchrun / accelerate: ``world`` = ``WORLD_SIZE`` > 1) refuse, checked
+    when a run starts and before anything is built (a recipe is loaded in one process too: ``groupwise config``):
+    the driver's ``REFUSES["torchrun"]`` and a vLLM engine (one engine per process is not built)."""
+    if world <= 1:
+        return
+    from groupwise.catalog import refusal
+
+    why = refusal(cfg, "torchrun")
+    if why:
+        raise ConfigError(f"driver: {why}")
+    gen = cfg.rollout.generator
+    if "vllm_engine" in registry("generator").get(gen.name).abilities("provides", gen.cfg):
+        raise ConfigError(f"rollout.generator {gen.name} under torchrun / accelerate (several processes) is not "
+                          "built; allowed: one process, or generator hf")
 
 
 def providers(ability: str) -> list[str]:

@@ -399,11 +399,20 @@ class RunConfig:
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.name
 
+    def slots(self) -> list[tuple[str, Spec]]:
+        """Every selected component with its key, in pipeline order (the one list of the recipe's component
+        slots; terms with weight 0 included)."""
+        r = self.rollout
+        return [("task", self.task), ("select", self.select), ("rollout.generator", r.generator),
+                ("rollout.builder", r.builder), *((f"rollout.transforms.{i}", t) for i, t in enumerate(r.transforms)),
+                *((f"reward.terms.{i}", t) for i, t in enumerate(self.reward.terms)), ("filter", self.filter),
+                ("replay", self.replay), ("advantage", self.advantage),
+                *((f"advantage_transforms.{i}", t) for i, t in enumerate(self.advantage_transforms)),
+                *((f"credit.{i}", t) for i, t in enumerate(self.credit)), ("teacher", self.teacher),
+                *((f"loss.terms.{i}", t) for i, t in enumerate(self.loss.terms)), ("driver", self.driver)]
+
     def specs(self) -> list[Spec]:
         """Every selected component, in pipeline order."""
-        out = [self.task, self.select, self.rollout.generator, self.rollout.builder, *self.rollout.transforms,
-               *self.reward.terms, self.filter, self.replay, self.advantage, *self.advantage_transforms,
-               *self.credit, self.teacher, *self.loss.terms, self.driver]
-        return out
+        return [spec for _, spec in self.slots()]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from groupwise.registry import ConfigError, NoConfig
+from groupwise.registry import NoConfig
 from groupwise.rewards import REWARDS
 from groupwise.types import Group
 
@@ -32,15 +32,13 @@ def format_(cfg: NoConfig, env):
     return per_sample(lambda s, p: env.task.format_ok(s.text))
 
 
-@REWARDS.register("step_credit", config=NoConfig)
+@REWARDS.register("step_credit", config=NoConfig, requires=("step_credit",))
 def step_credit(cfg: NoConfig, env):
     """The task's partial credit ``task.step_credit(problem, completion)`` in [0, 1] (the lab: the fraction of the
     chain's running values written at the right step). With ``correctness`` it makes a graded reward (LamPO's
-    spec: more than two reward levels, so the pairwise structure carries information beyond the mean)."""
-    fn = getattr(env.task, "step_credit", None)
-    if fn is None:
-        raise ConfigError(f"reward step_credit: task {type(env.task).__name__} has no step_credit(problem, "
-                          "completion) method (the built-in lab has one); drop the term or add the method")
+    spec: more than two reward levels, so the pairwise structure carries information beyond the mean). A task
+    that has the method declares the ability ``step_credit`` (the lab does), checked at load."""
+    fn = env.task.step_credit
     return per_sample(lambda s, p: fn(p, s.text))
 
 

@@ -47,7 +47,6 @@ from multiprocessing import connection
 from groupwise.config import ToolsConfig
 from groupwise.isolation import Forked, resolve
 from groupwise.lazy import torch
-from groupwise.registry import ConfigError
 from groupwise.rollout.base import Generator, Request, SamplingParams, close, release
 from groupwise.types import Completion
 
@@ -224,9 +223,6 @@ def call_cut(tool: Callable[[str], object], limit: int, query: str) -> str:
 
 
 def wrap(inner: Generator, cfg: ToolsConfig, task, tokenizer) -> ToolLoop:
-    tools = getattr(task, "tools", None) or {}
-    if cfg.tool not in tools:
-        have = f"tools {', '.join(sorted(tools))}" if tools else "no tools"
-        raise ConfigError(f"rollout.tools.tool={cfg.tool!r}: task '{getattr(task, 'name', '?')}' has {have}; "
-                          "allowed: a tool of the task (task.name=search has 'search')")
-    return ToolLoop(inner, tools[cfg.tool], tokenizer, cfg)
+    """``inner`` in the tool loop over ``task.tools[cfg.tool]`` (the task declares the tool as the ability
+    ``tool:<name>``, checked at load: ``config/check.py``)."""
+    return ToolLoop(inner, task.tools[cfg.tool], tokenizer, cfg)

@@ -103,6 +103,15 @@ class VLLMConfig:
         if self.sleep and self.mode != "colocate":
             raise ValueError("sleep: true is for mode colocate (a server manages its own memory)")
 
+    def check(self, run) -> None:
+        """Against the rest of the recipe and the machine, at load (several processes: ``config.check.processes``)."""
+        if self.sleep and not torch.cuda.is_available():
+            raise ValueError("sleep: true needs a CUDA device (vLLM's sleep mode); allowed: false")
+        try:
+            logprobs_mode(run.rollout.top_p, run.rollout.temperature)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+
 
 def require_vllm():
     try:
@@ -363,14 +372,7 @@ def _token_logprobs(choice: dict, toks: list[int]) -> list[float]:
 # one engine, in the trainer (not in Ray actors); it holds its own weights, reloaded from the module synced to it
 @GENERATORS.register("vllm", config=VLLMConfig, driver_only=True, own_weights=True, provides=("vllm_engine",))
 def vllm_generator(cfg: VLLMConfig, env) -> VLLMGenerator:
-    run = env.run
-    from groupwise.parallel import data_parallel
-
-    if data_parallel()[1] > 1:
-        raise ConfigError("rollout.generator vllm under torchrun / accelerate (several processes) is not built; "
-                          "allowed: one process, or generator hf")
-    if cfg.sleep and not torch.cuda.is_available():
-        raise ConfigError("rollout.generator.sleep: true needs a CUDA device (vLLM's sleep mode); allowed: false")
+    run = env.run  # its settings were checked at load (``VLLMConfig.check``, ``config.check.processes``)
     mode = logprobs_mode(run.rollout.top_p, run.rollout.temperature)
     if cfg.mode == "colocate":
         require_vllm()

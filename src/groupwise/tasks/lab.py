@@ -295,6 +295,6 @@ class Lab:
         return (partial.count(";"), int(results[-1])) if results else None
 
 
-@TASKS.register("lab", config=LabConfig)
+@TASKS.register("lab", config=LabConfig, provides=("step_credit",))
 def lab(cfg: LabConfig, env) -> Lab:
     return Lab(cfg, env.seed)

@@ -174,7 +174,7 @@ def _bm25s():
     return bm25s
 
 
-@TASKS.register("search", config=SearchConfig)
+@TASKS.register("search", config=SearchConfig, provides=("tool:search",))
 def search(cfg: SearchConfig, env) -> Search:
     _bm25s()  # refuse at load time, not at the first search
     return Search(cfg, env.seed)

@@ -12,7 +12,6 @@ import torch
 
 from groupwise.config import ToolsConfig, load
 from groupwise.isolation import CAN_FORK
-from groupwise.loop.setup import build
 from groupwise.loop.stats import group_metrics
 from groupwise.models.tiny import build_tokenizer
 from groupwise.registry import ConfigError
@@ -170,7 +169,7 @@ def test_metrics_and_load_time_errors():
     assert m["rollout/tool_calls"] == 1.0 and m["rollout/turns"] == 2.0 and m["rollout/tool_errors"] == 0.0
     assert m["rollout/tool_token_frac"] == pytest.approx(samples[0].meta["tool_tokens"] / samples[0].length)
     with pytest.raises(ConfigError, match=r"rollout.tools.tool='search': task 'lab' has no tools; allowed"):
-        build(load(None, ["rollout.tools={}", "model.warm_start=false"]))
+        load(None, ["rollout.tools={}"])  # refused at load (the task declares its tools), before any model
     with pytest.raises(ConfigError, match=r"rollout.tools: timeout_s=0.0: allowed > 0"):
         load(None, ["rollout.tools.timeout_s=0"])
 

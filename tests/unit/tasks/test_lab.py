@@ -241,6 +241,7 @@ def test_step_credit_reward_is_full_on_reference_traces_and_needs_the_task_metho
 
     import torch
 
+    from groupwise.config import load
     from groupwise.registry import ConfigError, NoConfig
     from groupwise.rewards.basic import step_credit
     from groupwise.types import Group, Sample
@@ -254,5 +255,5 @@ def test_step_credit_reward_is_full_on_reference_traces_and_needs_the_task_metho
 
     got = step_credit(NoConfig(), types.SimpleNamespace(task=lab))([Group(p, [sample(p.reference)]) for p in items], 0)
     assert got == [[1.0]] * len(items)  # corrupted labels included: the credit is the clean chain's
-    with pytest.raises(ConfigError, match="task SimpleNamespace has no step_credit"):
-        step_credit(NoConfig(), types.SimpleNamespace(task=types.SimpleNamespace()))
+    with pytest.raises(ConfigError, match=r"reward 'step_credit' requires 'step_credit'.*allowed: add task 'lab'"):
+        load(None, ["task=search", "reward.terms=[step_credit]"])  # refused at load, before any model
