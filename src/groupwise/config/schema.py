@@ -10,19 +10,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from groupwise.config.parse import Spec, _build_spec
+from groupwise.config.parse import Spec, build_spec
 
 
 def component(kind: str, default: str | Mapping[str, Any]) -> Any:
     raw = {"name": default} if isinstance(default, str) else dict(default)
-    return dataclasses.field(default_factory=lambda: _build_spec(kind, dict(raw), "<default>", {}),
+    return dataclasses.field(default_factory=lambda: build_spec(kind, dict(raw), "<default>", {}),
                              metadata={"kind": kind, "default": raw["name"]})
 
 
 def components(kind: str, default: tuple[str | Mapping[str, Any], ...] = ()) -> Any:
     raws = [{"name": d} if isinstance(d, str) else dict(d) for d in default]
     return dataclasses.field(
-        default_factory=lambda: tuple(_build_spec(kind, dict(r), "<default>", {}) for r in raws),
+        default_factory=lambda: tuple(build_spec(kind, dict(r), "<default>", {}) for r in raws),
         metadata={"kind": kind, "many": True, "default": raws},
     )
 
