@@ -118,12 +118,15 @@ Running table (updated as runs finish; done / left):
   RREDCoT, DASH drift, LamPO, PivotTrace, GraphPO, Agon. Not arms yet: think modes (the mode tokens are 3 tokens
   each in SmolLM2's tokenizer, and nothing in the warm-up teaches the modes), FGRPO (each client would build its
   own ~20-minute warm-up: the federated driver shares one only for embedded models).
-- LEFT: the transfer check (a harder held-out set; the ``plain`` form).
+- WRITTEN, NOT RUN: the transfer check, ``--transfer RUN...`` (TRANSFER: two-digit operands, 2-5 terms, never
+  trained on; each run's last checkpoint against its seed's step-0 policy, 200 problems x 4 + greedy, ~10 min an
+  eval). The held-out ``plain`` form is in every eval already.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -138,16 +141,19 @@ EXPERIMENT = "real_lab"
 RECIPE = "recipes/smollm2_lab.yaml"
 STEPS, EVAL_EVERY = 60, 30
 COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_every=10", "trainer.sinks=[jsonl]"]
-# The baselines evaluate at steps 0, 30 and 60 (the learning curve, precondition 6). A method arm evaluates once,
-# after its last step: its step 0 is the GRPO run's of the same seed, the same policy (the same warm start, a fresh
-# adapter whose B is zero: no change to any weight), the same eval seed (``stable_seed("eval", seed)``, whatever the
-# step) and the same problems, so the two evals are the same computation; the report checks the settings that decide
-# it (STEP0_KEYS) and compares the records of any arm that has its own step 0. Two evals fewer (~20 of ~95 minutes).
+# The evals (fixed 2026-12-06 before any arm ran). The comparison is a separate eval after training, FINAL_K samples
+# at T = 1 + greedy on the recipe's 200 held-out problems (pass@k for k = 1..16, issue 44), of every run's last
+# checkpoint and of each seed's step-0 policy (the warm start with a fresh adapter, whose B is zero: the RECIPE at that
+# seed), all with the same eval seed (``stable_seed("eval", seed)``, whatever the step), so a run and its seed's step 0
+# or its seed's GRPO run are paired problem by problem (``final_eval``). The baselines also evaluate in the run at
+# steps 0, 30 and 60 (eval.k 4: the learning curve, precondition 6); a method arm has no in-run eval (ARM_EVAL), except
+# Agon, whose eval is its own greedy cascade (before and after). The report checks that a run's settings that decide
+# its eval (STEP0_KEYS) are GRPO's of its seed.
 BASELINES = ("grpo", "grpo_2ep")
-ARM_EVAL = ["eval.before=false", "eval.every=0"]
+ARM_EVAL = ["eval.before=false", "eval.after=false", "eval.every=0"]
+FINAL_K, PASS_KS = 16, (1, 2, 4, 8, 16)
 STEP0_KEYS = ("seed", "model", "task", "rollout.generator", "rollout.max_completion_tokens", "trainer.threads",
-              "eval.n_problems", "eval.k", "eval.temperature", "eval.greedy", "eval.max_completion_tokens",
-              "eval.forced_prefix")
+              "eval.n_problems", "eval.temperature", "eval.greedy", "eval.max_completion_tokens", "eval.forced_prefix")
 # The arms: the two baselines, then one arm per method (issue 44), each the dotted overrides that turn RECIPE into
 # the method, adapted from its lab recipe (recipes/<method>_lab.yaml). Beside each: every choice and why, then what
 # its smoke showed (2 steps of 2 prompts x 8 samples on one thread, 2026-12-06; in most smokes step 1 had one group
@@ -316,6 +322,32 @@ ARMS = {
     #   client; and the clients are full pipelines in one process (one pipeline peaks at ~8.4 GB on this recipe),
     #   so four do not fit beside the two lanes of this 24 GB machine.
 }
+# HDR's tau, set before the HDR runs by a rule fixed here (2026-12-06, before the calibration ran): HDR with no gate
+# (tau .inf, otherwise the arm's settings) for 10 steps on seed 9 (no arm's seed), no eval; tau = the median over its
+# steps of the mean drift of the age-1 groups it scanned (replay/drift_scanned_age1). So about half the groups one
+# update old pass the gate and older ones fewer, as the paper's 1e-3 does on a model that moves ~1e-3 a step; the
+# paper's value admits nothing here (the smoke's age-1 drift at lr 6e-4 was 1.11).
+HDR_CALIBRATION = ["replay={name: hdr, capacity: 32, replay_groups: 4, tau: .inf}", "trainer.steps=10",
+                   "eval.before=false", "eval.after=false", "seed=9"]
+
+
+def calibrate_hdr(out_dir: Path) -> float:
+    """Run (or reuse) the calibration run and return tau (the rule at HDR_CALIBRATION), printing the drifts."""
+    run = harness.run_one(RECIPE, [*COMMON, *HDR_CALIBRATION], out_dir, "hdr_calibration",
+                          out_dir / "logs" / "hdr_calibration.log")
+    rows = [r for r in harness.metrics(run) if "perf/step_s" in r]
+    for r in rows:
+        print(f"step {r['step']}: scanned {r.get('replay/scanned', 0):.0f}, drift by age " + ", ".join(
+            f"{b} {r[f'replay/drift_scanned_{b}']:.4f} ({r[f'replay/scanned_{b}']:.0f})"
+            for b in ("age1", "age2", "age3plus") if f"replay/drift_scanned_{b}" in r))
+    age1 = [r["replay/drift_scanned_age1"] for r in rows if "replay/drift_scanned_age1" in r]
+    if not age1:
+        raise SystemExit(f"{run}: no step scanned a group one step old; tau cannot be set by the rule")
+    tau = statistics.median(age1)
+    print(f"tau = median age-1 drift over {len(age1)} steps = {tau:.4g}")
+    return tau
+
+
 TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
 
 
@@ -452,18 +484,6 @@ def check_report(res: dict) -> str:
     return "".join(lines)
 
 
-def by_form(dirs: list[Path], step: int) -> dict[str, dict[str, float]]:
-    """Per prompt form (the held-out one included): mean@k, greedy, boxed share and the accuracy of the boxed
-    answers at ``step``, each the mean over the seeds."""
-    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for d in dirs:
-        recs = [json.loads(x) for x in (d / "eval" / f"step_{step}.jsonl").read_text().splitlines() if x.strip()]
-        for form, v in _per(recs, "form", 1).items():
-            for key in ("mean_at_k", "greedy", "boxed", "boxed_acc", "len_mean"):
-                out[form][key].append(v[key])
-    return {f: {k: statistics.fmean(v) for k, v in kv.items()} for f, kv in out.items()}
-
-
 def compare(base: Path, runs: list[Path], step: int) -> str:
     """Runs that skipped their step-0 eval (``eval.before=false``) against ``base``'s step 0: one seed, the same
     held-out problems (the lr pilots). Per run: mean@k, its paired change over problems ± SE, greedy, greedy right
@@ -487,16 +507,120 @@ def compare(base: Path, runs: list[Path], step: int) -> str:
     return "".join(lines)
 
 
+# The transfer check (written 2026-12-06, before any run finished): the same chains with two-digit operands, which
+# neither the warm-up's traces nor training ever show (single digits there), 2-5 terms, in the four forms; each
+# run's final weights against its seed's step-0 policy on the same problems, drawn with the same eval seed.
+TRANSFER = {"min_terms": 2, "max_terms": 5, "min_digits": 2, "max_digits": 2}
+
+
+def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict | None = None,
+                n: int = 0) -> list[dict]:
+    """The eval records of ``run``'s last checkpoint (None: the step-0 policy of ``seed``, RECIPE at that seed), ``k``
+    samples at T = 1 + greedy on the recipe's held-out problems (``task_args``: on the task with those dataset_args
+    instead, ``n`` problems), computed once and kept at ``path``."""
+    if not path.exists():
+        import dataclasses
+
+        from groupwise import catalog
+        from groupwise.config import load
+        from groupwise.eval import evaluate_run
+        from groupwise.loop.session import latest_model_dir, run_config
+        from groupwise.loop.setup import build
+        from groupwise.registry import BuildEnv
+
+        fixed = [f"eval.k={k}", "trainer.threads=1"]
+        cfg = (load(RECIPE, [f"seed={seed}", *fixed]) if run is None else
+               load(run_config(run), [f"model.path={latest_model_dir(run)}", "model.warm_start=false", *fixed]))
+        p = build(cfg, train=False)
+        problems = p.task.test[:cfg.eval.n_problems]
+        if task_args:
+            t = cfg.task
+            spec = dataclasses.replace(t, cfg=dataclasses.replace(
+                t.cfg, dataset_args={**t.cfg.dataset_args, **task_args}, test_size=n))
+            problems = catalog.build(spec, BuildEnv(run=cfg, seed=cfg.seed)).test[:n]
+        _, recs = evaluate_run(p, problems)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def seed_of(run: Path) -> int:
+    return int(run.name.rsplit("-s", 1)[1])
+
+
+def final_eval(run: Path | None, out_dir: Path, seed: int | None = None) -> list[dict]:
+    """FINAL_K records of ``run``'s last checkpoint, or (run None) of ``seed``'s step-0 policy, in ``out_dir/final``."""
+    name = run.name if run is not None else f"step0-s{seed}"
+    return policy_eval(out_dir / "final" / f"{name}.jsonl", seed_of(run) if run else seed, run, FINAL_K)
+
+
+def per_problem(recs: list[dict]) -> dict[str, float]:
+    """Each held-out problem's share of correct samples (greedy left out)."""
+    rows: dict[str, list[bool]] = defaultdict(list)
+    for r in recs:
+        if not r["greedy"]:
+            rows[r["id"]].append(r["correct"])
+    return {i: statistics.fmean(v) for i, v in rows.items()}
+
+
+def paired(after: list[dict], before: list[dict]) -> tuple[float, float, int, int]:
+    """Mean over problems of the change in sampled accuracy ± its SE, and greedy right only after / only before."""
+    a, b = per_problem(before), per_problem(after)
+    d = [b[i] - a[i] for i in a]
+    ga = {r["id"]: r["correct"] for r in before if r["greedy"]}
+    gb = {r["id"]: r["correct"] for r in after if r["greedy"]}
+    return (statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d)), sum(gb[i] and not ga[i] for i in ga),
+            sum(ga[i] and not gb[i] for i in ga))
+
+
+def cells(recs: list[dict]) -> dict[str, float]:
+    """One eval's numbers: pass@k for PASS_KS (pass@1 = mean@k), greedy, boxed share and accuracy among the boxed
+    answers, tokens (all, correct), the share with the re-check, and mean@k on the held-out form and the others."""
+    from groupwise.eval import pass_at_k
+
+    sampled = [r for r in recs if not r["greedy"]]
+    by: dict[str, list[bool]] = defaultdict(list)
+    for r in sampled:
+        by[r["id"]].append(r["correct"])
+    out = {f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by.values()) for k in PASS_KS}
+    boxed = [r for r in sampled if r["format"]]
+    right = [r["length"] for r in sampled if r["correct"]]
+    out |= {"greedy": statistics.fmean(r["correct"] for r in recs if r["greedy"]),
+            "boxed": len(boxed) / len(sampled),
+            "acc_boxed": statistics.fmean(r["correct"] for r in boxed) if boxed else 0.0,
+            "tokens": statistics.fmean(r["length"] for r in sampled),
+            "tokens_correct": statistics.fmean(right) if right else float("nan"),
+            "check": statistics.fmean("Check" in r["text"] for r in sampled),
+            "plain": statistics.fmean(r["correct"] for r in sampled if r["form"] == "plain"),
+            "train_forms": statistics.fmean(r["correct"] for r in sampled if r["form"] != "plain")}
+    return out
+
+
+def transfer(runs: list[Path], n: int, out_dir: Path) -> str:
+    """Each run's last checkpoint and the step-0 policy of its seed on ``n`` TRANSFER problems x eval.k + greedy
+    (records in ``out_dir/transfer/``): the table of mean@k, greedy and the paired change from step 0."""
+    lines = [f"Transfer: {n} held-out chains of {TRANSFER['min_terms']}-{TRANSFER['max_terms']} two-digit operands "
+             "(never trained on), the four forms\n\n| run | mean@k step 0 -> last | paired change ± SE | greedy step "
+             "0 -> last | plain form mean@k |\n|---|---|---|---|---|\n"]
+    k = 4
+    for d in runs:
+        before = policy_eval(out_dir / "transfer" / f"step0-s{seed_of(d)}.jsonl", seed_of(d), None, k, TRANSFER, n)
+        after = policy_eval(out_dir / "transfer" / f"{d.name}.jsonl", seed_of(d), d, k, TRANSFER, n)
+        gain, se, _, _ = paired(after, before)
+        b, a = cells(before), cells(after)
+        lines.append(f"| {d.name} | {b['pass@1']:.3f} -> {a['pass@1']:.3f} | {gain:+.3f} ± {se:.3f} | "
+                     f"{b['greedy']:.3f} -> {a['greedy']:.3f} | {a['plain']:.3f} |\n")
+    return "".join(lines)
+
+
 def step0_base(run: Path) -> Path:
-    """The GRPO run of ``run``'s seed: its step-0 eval is every arm's of that seed (the notes at BASELINES)."""
-    return run.parent / f"grpo-{run.name.rsplit('-', 1)[1]}"
+    """The GRPO run of ``run``'s seed."""
+    return run.parent / f"grpo-s{seed_of(run)}"
 
 
-def check_step0(run: Path, base: Path) -> str:
-    """Stops (one line) if ``run`` and ``base`` differ in a setting that decides the step-0 eval (STEP0_KEYS);
-    where ``run`` has a step-0 eval of its own, compares its records with ``base``'s and says how many differ."""
+def check_step0(run: Path, base: Path) -> None:
+    """Stops (one line) if ``run`` and ``base`` differ in a setting that decides their evals (STEP0_KEYS)."""
     import yaml
-    from smollm2 import records
 
     def setting(d: Path, key: str):
         v = yaml.safe_load((d / "resolved_config.yaml").read_text())
@@ -505,105 +629,70 @@ def check_step0(run: Path, base: Path) -> str:
         return v
 
     if diff := [k for k in STEP0_KEYS if setting(run, k) != setting(base, k)]:
-        raise SystemExit(f"{run.name}: its step 0 is not {base.name}'s ({', '.join(diff)} differ); give it "
-                         "eval.before=true")
-    if not (run / "eval" / "step_0.jsonl").exists():
-        return ""
-    keys = ("id", "greedy", "text", "correct")
-    a, b = ([tuple(r[k] for k in keys) for r in records(d, 0)] for d in (run, base))
-    differ = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
-    return f"{run.name}'s own step 0 against {base.name}'s: {differ} of {len(b)} records differ"
+        raise SystemExit(f"{run.name}: evaluated unlike {base.name} ({', '.join(diff)} differ)")
 
 
-def vs(run: Path, step: int, other: Path, other_step: int) -> tuple[float, float, int, int]:
-    """``run`` at ``step`` against ``other`` at ``other_step`` on the same held-out problems: the paired change of
-    mean@k over problems ± SE, and the problems greedy got right only in ``run`` / only in ``other``."""
-    from smollm2 import paired_gain, paired_greedy
-
-    gain, se = paired_gain(other, other_step, step, run)
-    up, down = paired_greedy(other, other_step, step, run)
-    return gain, se, up, down
-
-
-def report(runs: dict[str, list[Path]], out_dir: Path) -> None:
-    """Baselines first, then each method arm against GRPO of the same seed (its step 0 and its step 60); Agon, whose
-    eval is the greedy cascade, in its own table."""
-    from smollm2 import fmt_p, mcnemar_p, records
+def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> None:
+    """Every finished run's FINAL_K eval (computed here unless ``compute`` is false: then runs without one are left
+    out) against its seed's step 0 and its seed's GRPO run; the baselines' in-run curve; Agon's cascade table."""
+    from smollm2 import fmt_p, mcnemar_p
 
     runs = harness.finished(runs)
-    keys = ("mean_at_k", "greedy_acc", "pass_at_k", "format_frac", "len_mean")
-    grpo = {d.name: d for d in runs.get("grpo", [])}
-    lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8; held-out eval (200 problems x 4 at T = 1 + greedy) cycles the "
-             "four prompt forms; `plain` is held out of training. Cells: mean ± sd [min, max] over seeds.\n\n"]
-    base = [step0_base(d) for dirs in runs.values() for d in dirs if step0_base(d).name in grpo]
-    base = [grpo[n] for n in sorted({d.name for d in base})]
-    if base:
-        rows = {"step 0 (GRPO's runs)": {k: harness.agg([harness.summary(d)["before"][f"eval/{k}"] for d in base])
-                                         for k in keys}}
-        rows |= {arm: harness.eval_cells(dirs, keys) for arm, dirs in runs.items() if arm != "agon"}
-        lines += [f"Held-out after {STEPS} steps:\n\n", harness.table(rows, list(keys))]
+    have = lambda d: compute or (out_dir / "final" / f"{d.name}.jsonl").exists()  # noqa: E731
+    evals = {arm: {d: final_eval(d, out_dir) for d in dirs if have(d)} for arm, dirs in runs.items() if arm != "agon"}
+    seeds = sorted({seed_of(d) for e in evals.values() for d in e})
+    step0 = {s: final_eval(None, out_dir, s) for s in seeds
+             if compute or (out_dir / "final" / f"step0-s{s}.jsonl").exists()}
+    keys = [*(f"pass@{k}" for k in PASS_KS), "greedy", "boxed", "acc_boxed", "tokens", "tokens_correct", "check",
+            "plain", "train_forms"]
+    rows = {"step 0": {k: harness.agg([cells(r)[k] for r in step0.values()]) for k in keys}} if step0 else {}
+    rows |= {arm: {k: harness.agg([cells(r)[k] for r in e.values()]) for k in keys} for arm, e in evals.items() if e}
+    lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8. Eval after training: 200 held-out problems x {FINAL_K} at "
+             "T = 1 + greedy, the four prompt forms (`plain` held out of training; `train_forms` the other three); "
+             "pass@1 = mean@16. Cells: mean ± sd [min, max] over seeds.\n\n", harness.table(rows, keys)]
+    grpo = evals.get("grpo", {})
+    by_seed = {seed_of(d): r for d, r in grpo.items()}
+    lines.append("\nPaired over problems (mean@16 change ± SE; greedy right only in the run / only in the other, "
+                 "McNemar p):\n\n| run | vs step 0 | greedy vs step 0 | vs GRPO, same seed | greedy vs GRPO | s/step |"
+                 "\n|---|---|---|---|---|---|\n")
+    summary: dict[str, list[float]] = defaultdict(list)
+    for arm, e in evals.items():
+        for d, r in e.items():
+            s = seed_of(d)
+            c0 = g = "-"
+            if s in step0:
+                gain, se, up, down = paired(r, step0[s])
+                c0, g0 = f"{gain:+.3f} ± {se:.3f}", f"{up} / {down} ({fmt_p(mcnemar_p(up, down))})"
+            else:
+                g0 = "-"
+            gg = "-"
+            if arm != "grpo" and s in by_seed:
+                check_step0(d, step0_base(d))
+                gain, se, up, down = paired(r, by_seed[s])
+                summary[arm].append(gain)
+                g, gg = f"{gain:+.3f} ± {se:.3f}", f"{up} / {down} ({fmt_p(mcnemar_p(up, down))})"
+            lines.append(f"| {d.name} | {c0} | {g0} | {g} | {gg} | "
+                         f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
+    if summary:
+        lines.append("\nMinus GRPO of the same seed (mean@16, paired over problems), over seeds:\n\n| arm | seeds | "
+                     "mean ± sd [min, max] |\n|---|---|---|\n")
+        lines += [f"| {arm} | {len(v)} | {harness.fmt(harness.agg(v))} |\n" for arm, v in summary.items()]
     if curves := {arm: dirs for arm, dirs in runs.items() if arm in BASELINES}:
-        lines += ["\nThe baselines' held-out mean@k at every evaluation:\n\n", harness.eval_curve(curves)]
-    lines.append("\nAgainst GRPO of the same seed, on the same problems (paired over problems; greedy right only here "
-                 "/ only there, McNemar p):\n\n| arm | seeds | mean@k change from step 0 | minus GRPO at step "
-                 f"{STEPS} | per seed | greedy up / down vs GRPO |\n|---|---|---|---|---|---|\n")
-    notes, per_run = [], []
-    for arm, dirs in runs.items():
-        if arm in ("grpo", "agon"):
-            continue
-        from_0, minus, cells, up_down = [], [], [], [0, 0]
-        for d in dirs:
-            b = step0_base(d)
-            if b.name not in grpo:
-                notes.append(f"{d.name}: {b.name} is not finished; not compared")
-                continue
-            if note := check_step0(d, b):
-                notes.append(note)
-            g0, se0, u0, d0 = vs(d, STEPS, b, 0)
-            g, se, u, dn = vs(d, STEPS, b, STEPS)
-            from_0.append(g0)
-            minus.append(g)
-            cells.append(f"{g:+.3f} ± {se:.3f}")
-            up_down = [up_down[0] + u, up_down[1] + dn]
-            per_run.append(f"| {d.name} | {g0:+.3f} ± {se0:.3f} | {u0} / {d0} ({fmt_p(mcnemar_p(u0, d0))}) | "
-                           f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
-        if minus:
-            lines.append(f"| {arm} | {len(minus)} | {harness.fmt(harness.agg(from_0))} | "
-                         f"{harness.fmt(harness.agg(minus))} | {'; '.join(cells)} | {up_down[0]} / {up_down[1]} "
-                         f"({fmt_p(mcnemar_p(*up_down))}) |\n")
-    lines.append("\nPer run: paired change of mean@k from step 0 ± SE, greedy up / down from step 0, seconds per "
-                 "step:\n\n| run | mean@k change | greedy up / down | s/step |\n|---|---|---|---|\n")
-    for d in [*runs.get("grpo", [])]:
-        g0, se0, u0, d0 = vs(d, STEPS, d, 0)
-        lines.append(f"| {d.name} | {g0:+.3f} ± {se0:.3f} | {u0} / {d0} ({fmt_p(mcnemar_p(u0, d0))}) | "
-                     f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
-    lines += per_run
+        lines += ["\nThe baselines' in-run held-out mean@4 (200 problems x 4 + greedy) at every evaluation:\n\n",
+                  harness.eval_curve(curves)]
     if "agon" in runs:
         lines.append("\nAgon (its eval: greedy, each player alone and the cascade both ways) against GRPO's greedy "
-                     "of the same seed:\n\n| run | step | solo a | solo b | cascade ab | cascade ba | GRPO greedy |\n"
-                     "|---|---|---|---|---|---|---|\n")
+                     "of the same seed (the FINAL_K eval):\n\n| run | step | solo a | solo b | cascade ab | cascade ba "
+                     "| GRPO greedy |\n|---|---|---|---|---|---|---|\n")
         for d in runs["agon"]:
             for step in (0, STEPS):
                 m = next(r for r in harness.metrics(d) if r["step"] == step and "eval/solo_a_acc" in r)
-                g = step0_base(d)
-                gg = (statistics.fmean(r["correct"] for r in records(g, step) if r["greedy"])
-                      if g.name in grpo else float("nan"))
+                ref = step0.get(seed_of(d)) if step == 0 else by_seed.get(seed_of(d))
+                gg = f"{cells(ref)['greedy']:.3f}" if ref else "-"
                 lines.append(f"| {d.name} | {step} | " + " | ".join(
                     f"{m[f'eval/{k}_acc']:.3f}" for k in ("solo_a", "solo_b", "cascade_ab", "cascade_ba"))
-                    + f" | {gg:.3f} |\n")
-    if notes:
-        lines += ["\n", *[f"- {n}\n" for n in notes]]
-    lines.append("\nBy prompt form (mean over seeds): mean@k, greedy, boxed share, accuracy of boxed answers, "
-                 "tokens\n\n| arm | step | form | mean@k | greedy | boxed | acc. of boxed | tokens |\n"
-                 "|---|---|---|---|---|---|---|---|\n")
-    for arm, dirs in [("step 0 (GRPO's runs)", base)] * bool(base) + [x for x in runs.items() if x[0] != "agon"]:
-        step = 0 if arm.startswith("step 0") else STEPS
-        for form, v in sorted(by_form(dirs, step).items()):
-            lines.append(f"| {arm} | {step} | {form} | {v['mean_at_k']:.3f} | {v['greedy']:.3f} | "
-                         f"{v['boxed']:.3f} | {v['boxed_acc']:.3f} | {v['len_mean']:.1f} |\n")
+                    + f" | {gg} |\n")
     plots = [harness.plot_curves(runs, ["reward/mean", "rollout/completion_len_mean"], out_dir / "curves.png")]
-    if curves:
-        plots.append(harness.plot_curves(curves, ["eval/mean_at_k", "eval/greedy_acc"], out_dir / "baselines.png"))
     harness.write_report(out_dir, lines, plots)
 
 
@@ -626,6 +715,10 @@ def main() -> None:
         p.add_argument("--compare", nargs="+", metavar="RUN", help="BASE RUN...: RUNs' --compare-step eval "
                        "against BASE's step 0, paired over problems (the lr pilots)")
         p.add_argument("--compare-step", type=int, default=30)
+        p.add_argument("--calibrate-hdr", action="store_true", help="HDR's tau by the rule at HDR_CALIBRATION")
+        p.add_argument("--transfer", nargs="+", metavar="RUN", help="RUNs' last checkpoint and their seed's step 0 "
+                       "on TRANSFER (two-digit operands)")
+        p.add_argument("--transfer-n", type=int, default=200)
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
@@ -641,11 +734,18 @@ def main() -> None:
                else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature, args.check_threads))
         print(check_report(res))
         return
+    if args.calibrate_hdr:
+        (out_dir / "logs").mkdir(exist_ok=True)
+        calibrate_hdr(out_dir)
+        return
+    if args.transfer:
+        print(transfer([Path(d) for d in args.transfer], args.transfer_n, out_dir))
+        return
     if args.compare:
         print(compare(Path(args.compare[0]), [Path(d) for d in args.compare[1:]], args.compare_step))
         return
     arms = {a: overrides(a) for a in (args.arms or ARMS)}
-    report(harness.run_arms(EXPERIMENT, RECIPE, arms, args), out_dir)
+    report(harness.run_arms(EXPERIMENT, RECIPE, arms, args), out_dir, compute=not args.report_only)
 
 
 if __name__ == "__main__":

@@ -99,10 +99,17 @@ def _eval(args) -> int:
         model_dir = target
         if problem := model_dir_damage(model_dir):
             raise StorageError(f"{problem}; cannot evaluate {model_dir}")
-    cfg = load(recipe, [*overrides, f"model.path={model_dir}"])
-    p = build(cfg, train=False)
+    # the weights as saved: a run's warm start is already in its checkpoint (in the weights, or as the base its
+    # adapter names), so model.warm_start from the run's config must not be applied to them again
+    cfg = load(recipe, [*overrides, f"model.path={model_dir}", "model.warm_start=false"])
     e = cfg.eval
-    metrics, _ = evaluate_run(p, p.task.test[:e.n_problems])
+    with eval_screen(args.json) as screen:  # the training screen's phases, its bar the eval's completions
+        with screen.phase("loading the model", about=str(model_dir)):
+            p = build(cfg, screen=screen, train=False)
+        problems = p.task.test[:e.n_problems]
+        rows = len(problems) * (e.k + int(e.greedy))
+        with screen.phase("eval", rows, f"{len(problems)} problems, {rows} completions", bar=True):
+            metrics, _ = evaluate_run(p, problems)
     if args.json:
         print(json.dumps(metrics, indent=1))
         return 0
@@ -116,6 +123,22 @@ def _eval(args) -> int:
         t.add_row(k, f"{v:.4f}")
     Console().print(t)
     return 0
+
+
+@contextlib.contextmanager
+def eval_screen(json_out: bool):
+    """``groupwise eval``'s screen: a live bar on a terminal, a line per phase when piped (``log.Progress``). With
+    ``--json`` stdout is the JSON: the bar goes to stderr where that is a terminal, else nothing is shown."""
+    from rich.console import Console
+
+    from groupwise.log import Progress
+
+    console = Console(stderr=True) if json_out else None
+    screen = Progress(None, 0, not json_out or console.is_terminal, title="eval", console=console)
+    try:
+        yield screen
+    finally:
+        screen.close()
 
 
 @contextlib.contextmanager

@@ -211,9 +211,6 @@ class Logger:
             self._mlflow.end_run()
 
 
-WARM_START = "building the warm start (SFT)"
-"""The warm start's progress line: shown only while it is built (a cached or packaged one shows nothing)."""
-
 QUIET_S = 30.0
 """Piped output (a log file, CI): the longest a run stays silent while a phase or its steps go on."""
 
@@ -287,6 +284,12 @@ def quiet_libraries(errors_only: bool = False) -> None:
         sys.modules["huggingface_hub"].utils.disable_progress_bars()
 
 
+def lines() -> Progress:
+    """A screen of plain lines whatever stdout is (each phase's start, its counter when quiet, notes): for work that
+    no run's screen shows, e.g. ``load_model`` called from a script or for a teacher's model."""
+    return Progress(0, 0, True, plain=True)
+
+
 def step_info(m: dict[str, float], async_level: int = 0) -> str:
     """The screen's numbers for a finished step, ``—`` for one it did not log; "" before the first step (never
     placeholder zeros). With asynchronous rollouts (``rollout.max_async_level`` K > 0), the staleness too."""
@@ -302,24 +305,25 @@ def step_info(m: dict[str, float], async_level: int = 0) -> str:
 
 
 class Progress:
-    """The run's screen: a rich progress bar with the phase under way (``phase``: loading the model, an eval with
-    its counter, a step's generation and update) and the last step's reward, accuracy, completion length and
-    generated tokens/s; with asynchronous rollouts (``async_level`` K > 0) K in the title and the staleness too.
+    """The run's screen: a rich progress bar with the phase under way (``phase``: loading the model, a GGUF
+    conversion or a warm start built on first use, an eval with its counter, a step's generation and update) and
+    the last step's reward, accuracy, completion length and generated tokens/s; with asynchronous rollouts
+    (``async_level`` K > 0) K in the title and the staleness too.
 
-    On a terminal it is a live bar. Otherwise (CI logs, files) it prints plain lines: a step every ~10% of the
-    run, each phase's start until the first step has finished, and whatever is under way whenever nothing was
-    printed for ``QUIET_S`` seconds. With ``enabled=False`` it prints only notes.
+    On a terminal it is a live bar. Otherwise (CI logs, files; or ``plain``) it prints plain lines: a step every
+    ~10% of the run, each phase's start until the first step has finished, and whatever is under way whenever
+    nothing was printed for ``QUIET_S`` seconds. With ``enabled=False`` it prints only notes. ``console``: rich's,
+    where the screen goes (default stdout; ``groupwise eval --json``: stderr). ``total`` None: not known yet
+    (a ``bar`` phase sets it).
     """
 
-    def __init__(self, total: int, start: int, enabled: bool, title: str = "train", console=None,
-                 async_level: int = 0):
-        import sys
-
-        tty = console.is_terminal if console is not None else sys.stdout.isatty()  # console: rich's (tests)
+    def __init__(self, total: int | None, start: int, enabled: bool, title: str = "train", console=None,
+                 async_level: int = 0, plain: bool = False):
+        tty = not plain and (console.is_terminal if console is not None else sys.stdout.isatty())
         self.total, self.plain = total, enabled and not tty
         self.enabled = enabled and not self.plain
-        self.async_level, self._metrics, self._phase = async_level, "", ("", 0, 0)
-        self._said, self._stepped = time.monotonic(), False
+        self.async_level, self._metrics, self._phase = async_level, "", ("", 0, 0, False)
+        self._said, self._stepped, self._console = time.monotonic(), False, console
         if not self.enabled:
             return
         from rich.progress import (
@@ -338,9 +342,9 @@ class Progress:
         title += f" (async K={async_level})" if async_level else ""
         # the info (phase and numbers) gets what the rest leaves, a 10-column bar included, and is cut there
         self._info_column = Column(no_wrap=True, overflow="ellipsis")
-        self._others = len(title) + 2 * len(str(total)) + 1 + 7 + 7 + 10 + 5  # columns, then their gaps
+        self._others = len(title) + 7 + 7 + 10 + 5  # the columns but the counter's, then their gaps
         self._p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
-                               MofNCompleteColumn(table_column=whole(2 * len(str(total)) + 1)),
+                               MofNCompleteColumn(table_column=whole(self._counter_width())),
                                TimeElapsedColumn(table_column=whole(7)),
                                TimeRemainingColumn(table_column=whole(7)),
                                TextColumn("{task.fields[info]}", table_column=self._info_column),
@@ -353,20 +357,25 @@ class Progress:
         if self.enabled:
             self._p.update(self._task, completed=step)
             self._show()
-        elif self.plain and m and (step % max(self.total // 10, 1) == 0 or not self._stepped or self._quiet()):
+        elif self.plain and m and (step % max((self.total or 0) // 10, 1) == 0 or not self._stepped or self._quiet()):
             self._say(f"step {step}/{self.total}  {self._metrics}")
         self._stepped = self._stepped or bool(m)
 
     @contextlib.contextmanager
-    def phase(self, label: str, total: int = 0, about: str = "") -> Iterator[None]:
+    def phase(self, label: str, total: int = 0, about: str = "", bar: bool = False) -> Iterator[None]:
         """Show ``label`` while the block runs; with ``total``, a counter of the items ``advance`` reports inside
-        it. Piped, its start is one line (``label: about``) until the first step has finished, later only after
-        ``QUIET_S`` seconds of silence; its counter, only after such a silence. The enclosing phase comes back when
-        it ends."""
+        it; with ``bar`` too, the bar counts them instead, ``total`` its new total (``groupwise eval``: its bar is
+        its completions). Piped, its start is one line (``label: about``) until the first step has finished, later
+        only after ``QUIET_S`` seconds of silence; its counter, only after such a silence. The enclosing phase
+        comes back when it ends."""
         if not (self.enabled or self.plain):
             yield
             return
-        before, self._phase = self._phase, (label, 0, total)
+        before, self._phase = self._phase, (label, 0, total, bar and total > 0)
+        if bar and total > 0:
+            self.total = total
+            if self.enabled:
+                self._p.update(self._task, total=total, completed=0)
         if self.plain and (not self._stepped or self._quiet()):
             self._say(f"{label}: {about}" if about else f"{label} ...")
         self._show()
@@ -378,54 +387,43 @@ class Progress:
             self._show()
 
     def _tick(self, n: int) -> None:
-        label, done, total = self._phase
-        self._phase = (label, done + n, total)
+        label, done, total, bar = self._phase
+        self._phase = (label, done + n, total, bar)
+        if bar and self.enabled:
+            self._p.update(self._task, completed=done + n)
         if self.plain and self._quiet():
             self._say(f"{label}: {self._counter()}")
         self._show()
 
     def _counter(self) -> str:
-        _, done, total = self._phase
+        _, done, total, _ = self._phase
         return f"{done}/{total}" if done <= total else f"{done}"
 
+    def _counter_width(self) -> int:
+        return 2 * len(str(self.total if self.total is not None else "?")) + 1
+
     def _info(self) -> str:
-        label, _, total = self._phase
-        now = f"{label} ({self._counter()})" if label and total else label
+        label, _, total, bar = self._phase
+        now = f"{label} ({self._counter()})" if label and total and not bar else label
         return "  ·  ".join(x for x in (now, self._metrics) if x)
 
     def _show(self) -> None:
-        if self.enabled:
-            self._info_column.max_width = max(12, self._p.console.width - self._others)  # (a resize: from here)
+        if self.enabled:  # (a resize or a new total: from here)
+            self._info_column.max_width = max(12, self._p.console.width - self._others - self._counter_width())
             self._p.update(self._task, info=self._info())
 
     def _quiet(self) -> bool:
         return time.monotonic() - self._said >= QUIET_S
 
     def _say(self, text: str) -> None:
-        print(text, flush=True)
+        print(text, file=self._console.file if self._console is not None else None, flush=True)
         self._said = time.monotonic()
-
-    def callback(self, title: str):
-        """A ``(i, n, loss)`` callback that shows a sub-task (e.g. the warm start) in the same display."""
-        state: dict = {}
-
-        def cb(i: int, n: int, loss: float) -> None:
-            if not self.enabled:
-                if self.plain and (i == 1 or i == n or i % max(n // 10, 1) == 0 or self._quiet()):
-                    self._say(f"{title}: {i}/{n} loss {loss:.4f}")
-                return
-            if "task" not in state:
-                state["task"] = self._p.add_task(title, total=n, info="")
-            self._p.update(state["task"], completed=i, info=f"loss {loss:.4f}")
-
-        return cb
 
     def note(self, text: str) -> None:
         if self.enabled:
             self._p.console.print(text)
         else:
-            print(text, flush=True)
-            self._said = time.monotonic()
+            self._say(text)
 
     def close(self) -> None:
         if self.enabled:

@@ -50,3 +50,31 @@ def test_train_eval_and_reload_a_local_model_dir(make, tmp_path, capsys):
     assert main(["eval", str(tmp_path / "grpo_lab"), "eval.n_problems=3", "eval.k=2", "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert 0.0 <= metrics["eval/mean_at_k"] <= 1.0 and metrics["eval/len_mean"] > 0
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_eval_of_a_warm_started_run_evaluates_its_checkpoint_as_saved(lora, tmp_path, monkeypatch, capsys):
+    # model.warm_start: true in the run's config must not be applied again to its checkpoint: a LoRA checkpoint was
+    # refused ("a LoRA adapter"), a full one would have been fine-tuned on the traces before its eval
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model_dir = tmp_path / "model"
+    qwen2(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    cfg = load("recipes/grpo_lab.yaml", [f"model.path={model_dir}", f"out_dir={tmp_path}", "trainer.steps=1",
+                                         "model.warm_start=true", "model.warm_start_steps=2",
+                                         *(["model.lora={r: 4, alpha: 8}"] if lora else []),
+                                         "trainer.progress=false", "trainer.sinks=[jsonl]",
+                                         "rollout.prompts_per_step=2", "rollout.group_size=2",
+                                         "rollout.max_completion_tokens=8", "eval.n_problems=2", "eval.k=1"])
+    train(cfg)
+    from groupwise.models import warm_start
+
+    def no_warm_start(*a, **k):
+        raise AssertionError("eval built a warm start on the checkpoint")
+
+    monkeypatch.setattr(warm_start, "ensure_warm_start", no_warm_start)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "grpo_lab"), "eval.n_problems=2", "eval.k=1", "--json"]) == 0
+    assert 0.0 <= json.loads(capsys.readouterr().out)["eval/mean_at_k"] <= 1.0

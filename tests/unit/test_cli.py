@@ -195,15 +195,6 @@ def test_the_progress_bar_keeps_its_times_whole_at_80_columns():
     assert re.search(r"13/80 \d:\d\d:\d\d (-:--:--|\d:\d\d:\d\d) reward", line), line
 
 
-def test_the_warm_start_progress_says_building_not_cached(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))  # empty: the warm start is built
-    recipe = Path(__file__).parents[2] / "recipes" / "fake_generator_lab.yaml"
-    assert main(["train", str(recipe), "trainer.steps=1", f"out_dir={tmp_path}", "model.warm_start=true",
-                 "model.warm_start_steps=2", "eval.before=false", "eval.after=false"]) == 0
-    out = capsys.readouterr().out
-    assert "building the warm start (SFT): 2/2 loss" in out and "cached)" not in out
-
-
 def test_compare_and_plot_say_when_eval_k_differs(tmp_path, monkeypatch):
     """Issue 31: mean@4 and mean@8 were put under one name without a word."""
     from groupwise.plot import plot

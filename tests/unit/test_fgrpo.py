@@ -125,11 +125,38 @@ def test_server_skips_a_failed_client_and_counts_it():
     (["driver.mu=1.0"], r"mu=1.0: allowed in \[0, 1\)"),
     (["rollout.generator=vllm"], r"^driver: driver 'fgrpo' does not run with vllm"),
     (["rollout.workers=2", "rollout.shards=2"], r"^driver: driver 'fgrpo' does not run with ray"),
+    (["driver.round_timeout_s=-1"], r"round_timeout_s=-1(\.0)?: allowed >= 0 \(0: no timeout; null, the default: "
+                                    r"from the measured replies\)$"),
 ])
 def test_load_errors_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message) as e:
         load(RECIPE, overrides)
     assert "\n" not in str(e.value)
+
+
+def test_the_flower_reply_limit_by_default_comes_from_the_measured_replies():
+    from groupwise.drivers import flower_app
+
+    assert load(RECIPE).driver.cfg.round_timeout_s is None  # unset: derived (was a fixed 3600 s)
+    assert flower_app.auto_timeout(None) == 1800.0  # nothing measured yet: the first round, the first eval
+    assert flower_app.auto_timeout(10.0) == 120.0  # 5 x 10 s = 50 s, raised to the floor
+    assert flower_app.auto_timeout(60.0) == 300.0  # 5 x 60 s
+
+
+def test_a_run_resumes_with_another_round_timeout(tmp_path):
+    """``driver.round_timeout_s`` changes no sample: a run it stopped, or one begun under the old fixed 3600 s
+    default, resumes with another; a changed seed is still refused (the check ran)."""
+    from groupwise.loop.session import Session, release_lock
+
+    common = [f"out_dir={tmp_path}", "trainer.progress=false"]
+    Session(load(RECIPE, [*common, "driver.round_timeout_s=3600"]))
+    release_lock(tmp_path / "fgrpo_lab")
+    for timeout in ([], ["driver.round_timeout_s=60"]):  # unset (from the measured replies), another number
+        Session(load(RECIPE, [*common, *timeout]), resume=True)
+        release_lock(tmp_path / "fgrpo_lab")
+    with pytest.raises(ConfigError, match=r"--resume with settings that differ from the run's resolved_config.yaml: "
+                                          r"seed;"):
+        Session(load(RECIPE, [*common, "seed=1"]), resume=True)
 
 
 def test_the_recipe_loads_with_four_non_iid_clients():

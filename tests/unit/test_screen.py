@@ -4,6 +4,7 @@ that is never silent for long, and no third-party progress bars through the libr
 
 import io
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,144 @@ def test_switching_bars_off_imports_no_library():
             "print([m for m in ('transformers', 'datasets', 'huggingface_hub', 'tqdm') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out
+
+
+# ---- what loading the model does on first use, and groupwise eval (issue 47 item 2: "a visible phase (warm start,
+# conversion, ...)"; before, both were one "loading the model" phase and `groupwise eval` showed nothing)
+def frame_at(buf: io.StringIO, counter: str) -> str:
+    frames = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue().replace("\r", "\n")).splitlines()
+    return [f for f in frames if counter in f][-1]
+
+
+def test_a_gguf_conversion_is_its_own_phase_then_cached_and_silent(tmp_path, monkeypatch, capsys):
+    """The converter is faked (the real one dequantises SmolLM2 in ~79 s): the screen while it runs, live and
+    piped, and nothing once the conversion is cached."""
+    from groupwise.models import sources
+
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF, faked")
+    monkeypatch.setattr(sources, "gguf_summary", lambda path: ("llama", 1_000_000))
+    monkeypatch.setattr(sources, "_check_gguf_arch", lambda path, arch: None)
+    p, buf = live()
+
+    def dequantise(path, dest):
+        p.close()  # the frame drawn on close is the screen during the conversion
+        (dest / "config.json").write_text("{}")
+
+    monkeypatch.setattr(sources, "_dequantise", dequantise)
+    p.update(0, {})
+    with p.phase("loading the model", about=str(gguf)):
+        out = sources.resolve(str(gguf), p)
+    assert sources.CONVERTING == "converting the GGUF to fp32 (first use, cached after)"
+    assert sources.CONVERTING in last_frame(buf), last_frame(buf)
+
+    piped = Progress(10, 0, True)  # stdout captured: plain lines
+    capsys.readouterr()
+    (out / "config.json").unlink()  # damaged: converted again
+    with piped.phase("loading the model", about=str(gguf)):
+        assert sources.resolve(str(gguf), piped) == out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"loading the model: {gguf}", lines
+    assert lines[1] == f"{sources.CONVERTING}: m.gguf (0 MB, llama, 1.0M parameters) into {out}", lines
+    assert lines[2].startswith("converted m.gguf in ") and lines[2].endswith(" s (cached: later runs skip this)")
+    with piped.phase("loading the model", about=str(gguf)):
+        assert sources.resolve(str(gguf), piped) == out
+    assert capsys.readouterr().out == f"loading the model: {gguf}\n"  # cached: no conversion phase
+
+
+def test_a_warm_start_build_is_its_own_phase_counting_its_sft_steps(tmp_path, monkeypatch):
+    from groupwise import catalog
+    from groupwise.config import load
+    from groupwise.models import warm_start
+    from groupwise.models.load import load_model
+    from groupwise.registry import BuildEnv
+
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))  # empty, and 3 steps: no packaged copy
+    cfg = load(None, ["model.warm_start_steps=3"])
+    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    p, buf = live()
+    steps = []
+
+    def spy(n):
+        advance(n)
+        steps.append(n)
+        if len(steps) == 2:
+            p.close()  # the screen after the second SFT step
+
+    monkeypatch.setattr(warm_start, "advance", spy)
+    p.update(0, {})
+    with p.phase("loading the model", about=cfg.model.path):
+        load_model(cfg.model, task, p)
+    assert warm_start.BUILDING == "building the warm start (first use, cached after): SFT steps"
+    assert f"{warm_start.BUILDING} (2/3)" in last_frame(buf), last_frame(buf)
+
+
+def test_a_piped_run_says_its_warm_start_is_built_and_counts_it_from_the_cli_and_the_api(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """Before: "building the warm start (SFT): 2/2 loss ..." lines under the one "loading the model" phase."""
+    from groupwise import api
+    from groupwise.cli import main
+    from groupwise.models.warm_start import BUILDING
+
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))  # empty: the warm start is built
+    monkeypatch.setattr(log, "QUIET_S", 0.0)  # every counter tick said
+    recipe = str(ROOT / "recipes" / "fake_generator_lab.yaml")
+    args = ["trainer.steps=1", "model.warm_start=true", "model.warm_start_steps=2", "eval.before=false",
+            "eval.after=false", "trainer.threads=1"]
+    for how, run in (("cli", lambda: main(["train", recipe, *args, f"out_dir={tmp_path / 'cli'}"])),
+                     ("api", lambda: api.train(recipe, [*args, f"out_dir={tmp_path / 'api'}"]))):
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)  # built again
+        run()
+        out = capsys.readouterr().out.splitlines()
+        expected = ["loading the model: embedded:lab-tiny", f"{BUILDING}: 2 steps on lab's reference traces, into ",
+                    f"{BUILDING}: 1/2", f"{BUILDING}: 2/2", "step 1: generating"]
+        at = [next((i for i, line in enumerate(out) if line.startswith(e)), -1) for e in expected]
+        assert -1 not in at and at == sorted(at), (how, out)
+        assert not any("(cached)" in line for line in out), out
+
+
+def test_groupwise_eval_shows_its_phases_and_counts_its_completions(tmp_path, monkeypatch, capsys):
+    import json
+
+    from groupwise.cli import main
+    from groupwise.models import tiny
+    from groupwise.models.load import save_model
+
+    tok = tiny.build_tokenizer()
+    save_model(tiny.build_model("lab-tiny", tok), tok, tmp_path / "model")
+    monkeypatch.setattr(log, "QUIET_S", 0.0)
+    args = ["eval", str(tmp_path / "model"), "eval.n_problems=2", "eval.k=2", "rollout.max_completion_tokens=8",
+            "trainer.threads=1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    expected = [f"loading the model: {tmp_path / 'model'}", "eval: 2 problems, 6 completions", "eval: 6/6"]
+    at = [next((i for i, line in enumerate(out) if line == e), -1) for e in expected]
+    assert -1 not in at and at == sorted(at), out
+    assert any("eval/mean_at_k" in line for line in out[at[-1]:]), out  # then the table
+    assert main([*args, "--json"]) == 0  # stdout is the JSON; a piped stderr gets no screen
+    cap = capsys.readouterr()
+    assert "eval/mean_at_k" in json.loads(cap.out) and cap.err == "", cap
+
+
+def test_a_bar_phase_moves_the_bar_an_unknown_total_first():
+    """``groupwise eval``'s screen: its total unknown while the model loads, then its bar its completions."""
+    from rich.console import Console
+
+    def screen() -> tuple[Progress, io.StringIO]:
+        buf = io.StringIO()
+        return Progress(None, 0, True, title="eval", console=Console(file=buf, width=160, force_terminal=True,
+                                                                      color_system=None)), buf
+
+    p, buf = screen()
+    with p.phase("loading the model"):
+        p.close()
+    assert "0/?" in frame_at(buf, "loading the model")
+    p, buf = screen()
+    with p.phase("loading the model"):
+        pass
+    with p.phase("eval", 10, "2 problems, 10 completions", bar=True):
+        advance(4)
+        p.close()
+    frame = frame_at(buf, "4/10")
+    assert frame.startswith("eval ") and frame.rstrip().endswith("eval") and "(4/10)" not in frame, frame

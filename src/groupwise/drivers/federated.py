@@ -100,16 +100,22 @@ class FGRPOConfig:
     eps: float = 1e-3
     server_lr: float = 1.0
     backend: Literal["inprocess", "flower"] = "inprocess"
-    round_timeout_s: float = 3600.0
-    """backend=flower: a client that has not answered a message (a round, an eval, a state query) within this many
-    seconds is counted as failed for it; 0 waits forever. If no client answers a round, the run stops."""
+    round_timeout_s: float | None = None
+    """backend=flower: a client that has not answered a message (a round, an eval, a state query) in time is counted
+    as failed for it and its process restarted; if no client answers a round, the run stops. Unset (the default):
+    in time is within 5 x the longest wait for one reply of that kind so far, at least 120 s, of the previous
+    reply (the clients answer one after another, so a wait is one client's round): a hang is found within a few
+    of its rounds' time, in minutes. Before a kind was ever answered (the first round, the first eval) the wait
+    is 1800 s; after a restart it may also take 5 x the longest client start-up (the clients rebuild).
+    A number: the whole message's limit, in seconds; 0 waits forever. (``flower_app.auto_timeout``)"""
 
     def __post_init__(self) -> None:
         rules = [("clients", len(self.clients) >= 1, "at least one client"), ("local_steps", self.local_steps >= 1,
                  ">= 1"), ("score_problems", self.score_problems >= 1, ">= 1"), ("mu", 0 <= self.mu < 1, "in [0, 1)"),
                  ("temperature", self.temperature > 0, "> 0"), ("floor", 0 <= self.floor <= 1, "in [0, 1]"),
                  ("eps", self.eps >= 0, ">= 0"), ("server_lr", self.server_lr > 0, "> 0"),
-                 ("round_timeout_s", self.round_timeout_s >= 0, ">= 0 (0: no timeout)")]
+                 ("round_timeout_s", self.round_timeout_s is None or self.round_timeout_s >= 0,
+                  ">= 0 (0: no timeout; null, the default: from the measured replies)")]
         for key, ok, allowed in rules:
             if not ok:
                 raise ValueError(f"{key}={getattr(self, key)!r}: allowed {allowed}")
@@ -416,13 +422,12 @@ def start(run: RunConfig, resume: bool, overwrite: bool, cfg: FGRPOConfig) -> tu
     """Open the session and the server (the global model, resumed from the newest checkpoint); returns the loop,
     the clients' saved states (None on a fresh run) and the path every client's model starts from."""
     from groupwise import checkpoint as ckpt
-    from groupwise.log import WARM_START
     from groupwise.loop.session import Session
     from groupwise.loop.setup import build
 
     session = Session(run, resume, overwrite)
     base = dataclasses.replace(run, driver=dataclasses.replace(run.driver, name="single", cfg=None))
-    server = build(base, session.checkpoint, progress=session.progress.callback(WARM_START))
+    server = build(base, session.checkpoint, screen=session.progress)
     session.restore(server)
     state = ServerState(trainable(server.policy), [None] * len(cfg.clients))
     clients = None

@@ -23,7 +23,10 @@ Flower app project and a SuperLink: a later move. Flower's telemetry is switched
 from __future__ import annotations
 
 import io
+import logging
 import os
+import pickle
+import re
 import signal
 import threading
 import time
@@ -55,22 +58,41 @@ def from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def cached_client(k: int, run, cfg, model_path: str | None) -> fgrpo.Client:
+class ClientSetup:
+    """What every client is built from (the run's config, the driver's, the model it starts from), sent with the
+    ClientApp into the simulation's actors. Unpickling it imports the run's plug-ins first: an actor is a fresh
+    process, and pickle names a class by its module, so a config class defined in a plug-in file (module
+    ``groupwise_plugin_*``, ``plugins.import_ref``) exists there only once that file has been imported."""
+
+    def __init__(self, run, cfg, model_path: str | None):
+        self.run, self.cfg, self.model_path = run, cfg, model_path
+
+    def __reduce__(self):
+        from ray import cloudpickle  # the simulation's own pickler (a callable in the config may be a closure)
+
+        return _unpickle_setup, (list(self.run.plugins), cloudpickle.dumps((self.run, self.cfg, self.model_path)))
+
+
+def _unpickle_setup(plugin_refs: list[str], data: bytes) -> ClientSetup:
+    from groupwise import plugins
+
+    for ref in plugin_refs:  # idempotent: a file is imported once per process
+        plugins.import_ref(ref)
+    return ClientSetup(*pickle.loads(data))
+
+
+def cached_client(k: int, setup: ClientSetup) -> fgrpo.Client:
     """Client k of this run, built on first use in this process (a module-level function, so that the
     ClientApp's handlers pickle it by reference into the simulation's actors, without the lock)."""
-    torch.set_num_threads(run.trainer.threads or 1)
+    torch.set_num_threads(setup.run.trainer.threads or 1)
     with _LOCK:
-        key = (str(run.run_dir), k)
+        key = (str(setup.run.run_dir), k)
         if key not in _CLIENTS:
-            from groupwise import plugins
-
-            for ref in run.plugins:  # a simulation actor is a fresh process: the run's plug-ins register here too
-                plugins.import_ref(ref)
-            _CLIENTS[key] = fgrpo.Client(run, cfg, k, model_path)
+            _CLIENTS[key] = fgrpo.Client(setup.run, setup.cfg, k, setup.model_path)
         return _CLIENTS[key]
 
 
-def client_app(run, cfg, model_path: str | None):
+def client_app(setup: ClientSetup):
     """The ClientApp: each handler finds (or builds) client ``partition-id``'s ``fgrpo.Client``."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
@@ -78,7 +100,7 @@ def client_app(run, cfg, model_path: str | None):
     app = ClientApp()
 
     def client(ctx: Context) -> fgrpo.Client:
-        return cached_client(int(ctx.node_config["partition-id"]), run, cfg, model_path)
+        return cached_client(int(ctx.node_config["partition-id"]), setup)
 
     @app.query()
     def query(msg: Message, ctx: Context) -> Message:
@@ -133,39 +155,83 @@ def restart_actors() -> int:
     return killed
 
 
+AUTO_FACTOR = 5.0
+"""``driver.round_timeout_s`` unset: a client's reply may take this many times the longest wait for a reply of
+the same kind so far (``auto_timeout``) ..."""
+AUTO_MIN_S = 120.0
+"""... and at least this long (a busy machine's slow round is not a hang) ..."""
+AUTO_FIRST_S = 1800.0
+"""... and this long before a reply of that kind was ever measured (the first round, the first eval)."""
+POLL_S = 0.05
+"""How often the server looks for replies (and for a stopped simulation runtime)."""
+STOP_JOIN_S = 30.0
+"""The simulation runtime stopped: how long the ServerApp's thread is given to see it and end."""
+
+
+def auto_timeout(longest: float | None) -> float:
+    """``driver.round_timeout_s`` unset: the longest wait for a client's next reply, from the longest wait for one
+    of the same kind measured so far (None: none yet): max(``AUTO_MIN_S``, ``AUTO_FACTOR`` x longest), or
+    ``AUTO_FIRST_S``."""
+    return AUTO_FIRST_S if longest is None else max(AUTO_MIN_S, AUTO_FACTOR * longest)
+
+
 def reason(reply) -> str:
     if reply is None:
-        return "no reply within driver.round_timeout_s"
+        return "no reply in time (driver.round_timeout_s)"
     return reply.error.reason if reply.has_error() else "a reply without content"
+
+
+def client_error(text: str) -> str:
+    """An error reply's reason in one line: a ClientApp's exception comes back as Ray's remote traceback, wrapped
+    in Flower's ``ClientAppException``; its last ``Type: message`` line of another type is the client's own
+    error (``OSError: ...``; a dotted type loses its module)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    own = [line for line in lines if re.match(r"[A-Za-z_][\w.]*: \S", line)
+           and "ClientAppException" not in line and not line.startswith("ray.")]
+    return re.sub(r"^[\w.]*\.(?=\w+: )", "", own[-1]) if own else (lines[-1] if lines else text)
 
 
 class FlowerFederation:
     """``fgrpo.InProcess``'s interface over a Flower ``Grid``: each call is one message to every client.
 
-    A client that fails (raises, its process dies, or it does not answer within ``timeout_s``: then the actor it
-    holds is killed and Ray restarts it) is left out of that call: a failed round for it (counted by the
-    server), a missing entry in that eval (``eval/clients`` says how many answered), and its last state received
-    in a checkpoint. A restarted process rebuilds its clients' pipelines; they get the global weights each round,
-    so what is lost is their optimizer state. If no client answers a round at all, the federation is down: one
+    A client that fails (raises, its process dies, or it does not answer in time: then the actor it holds is
+    killed and Ray restarts it) is left out of that call: a failed round for it (counted by the server), a
+    missing entry in that eval (``eval/clients`` says how many answered), and its last state received in a
+    checkpoint. A restarted process rebuilds its clients' pipelines; they get the global weights each round, so
+    what is lost is their optimizer state. If no client answers a round at all, the federation is down: one
     line, and the run stops (its last checkpoint is kept).
+
+    In time: within ``timeout_s`` of the message (``driver.round_timeout_s``; 0: no limit), or, with
+    ``timeout_s=None`` (the config's default), within ``auto_timeout`` of the previous reply of the call (or of
+    the message): the clients share one actor and answer one after another, so each wait is one client's
+    round (or eval, or state query), measured per kind of message. After a restart the next call's waits may
+    also take ``AUTO_FACTOR`` x the longest client start-up measured (the clients rebuild). The clients' start
+    (their first message, which builds their pipelines) waits ``start_timeout_s`` in all. ``stop`` set (the
+    simulation runtime stopped): every wait ends at once with ``RunStopped``.
     """
 
-    def __init__(self, grid, n: int, timeout_s: float | None = None, start_timeout_s: float = 600.0):
-        self.grid, self.n, self.timeout_s = grid, n, timeout_s
+    def __init__(self, grid, n: int, timeout_s: float | None = None, start_timeout_s: float = 600.0,
+                 stop: threading.Event | None = None):
+        self.grid, self.n, self.timeout_s, self.start_timeout_s = grid, n, timeout_s, start_timeout_s
+        self.stop = stop or threading.Event()
+        self.longest: dict[str, float] = {}  # per kind of message (and "start"): the longest wait for one reply
+        self.restarted = False
+        self.limit = 0.0  # the last call's limit on a wait, in seconds (for its message)
         self.last_states: list[dict[str, Any] | None] = [None] * n
         deadline = time.monotonic() + start_timeout_s
         nodes: list[int] = []
         while len(nodes) < n:  # the simulated SuperNodes register asynchronously
             if time.monotonic() > deadline:
-                raise RuntimeError(f"flower: {len(nodes)} of {n} SuperNodes registered within "
-                                   f"{start_timeout_s:.0f}s")
+                raise RunStopped(f"flower: {len(nodes)} of {n} SuperNodes registered within {start_timeout_s:.0f}s")
+            self._check_stop()
             time.sleep(0.1)
             nodes = list(grid.get_node_ids())
         # the clients build their pipelines on this first message: it waits for the start timeout, not a round's
-        replies = self.send({node: self.config(op="hello") for node in nodes}, "query", timeout_s=start_timeout_s)
-        failed = [reason(r) for r in replies.values() if content(r) is None]
+        replies = self.send({node: self.config(op="hello") for node in nodes}, "query", measure="start")
+        failed = [client_error(reason(r)) for r in replies.values() if content(r) is None]
         if failed or len(replies) < n:
-            raise RuntimeError(f"flower: a client could not start: {failed[0] if failed else 'no reply'}")
+            raise RunStopped(f"flower: a client could not start: "
+                             f"{failed[0] if failed else f'no reply within {start_timeout_s:.0f}s'}")
         self.node = {int(r.content["config"]["partition"]): node for node, r in replies.items()}
 
     @staticmethod
@@ -174,23 +240,64 @@ class FlowerFederation:
 
         return RecordDict({"config": ConfigRecord(kw)})
 
-    def send(self, contents: dict[int, Any], kind: str, timeout_s: float | None = None) -> dict[int, Any]:
-        """One message per node; replies by node, in the nodes' order (a node without a reply is absent)."""
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise RunStopped("flower: the simulation runtime stopped")
+
+    def wait_limit(self, measure: str) -> tuple[float, bool]:
+        """The limit on this call's waits for ``measure`` (a kind of message, or "start"), in seconds (inf: none),
+        and whether it counts from the previous reply (auto) or from the message."""
+        if measure == "start":
+            return self.start_timeout_s, False
+        if self.timeout_s is not None:
+            return self.timeout_s or float("inf"), False
+        limit = auto_timeout(self.longest.get(measure))
+        if self.restarted and "start" in self.longest:
+            limit += AUTO_FACTOR * self.longest["start"]
+        return limit, True
+
+    def send(self, contents: dict[int, Any], kind: str, measure: str | None = None) -> dict[int, Any]:
+        """One message per node; replies by node, in the nodes' order (a node without a reply in time is absent).
+        Each wait for a reply is measured under ``measure`` (default: the message's kind)."""
         from flwr.app import Message
 
+        measure = measure or kind
+        self.limit, from_last = self.wait_limit(measure)
         msgs = [Message(content, dst_node_id=node, message_type=kind) for node, content in contents.items()]
-        replies = self.grid.send_and_receive(msgs, timeout=timeout_s or self.timeout_s)
-        by_node = {r.metadata.src_node_id: r for r in replies}
+        waiting, got = set(self.grid.push_messages(msgs)), []
+        start = last = time.monotonic()
+        while waiting:
+            self._check_stop()
+            new = list(self.grid.pull_messages(waiting))
+            now = time.monotonic()
+            if new:
+                self.longest[measure] = max(self.longest.get(measure, 0.0), now - last)
+                got += new
+                waiting -= {r.metadata.reply_to_message_id for r in new}
+                last = now
+            elif now - (last if from_last else start) > self.limit:
+                break
+            else:
+                time.sleep(POLL_S)
+        by_node = {r.metadata.src_node_id: r for r in got}
         return {node: by_node[node] for node in contents if node in by_node}
 
     def each(self, contents: dict[int, Any], kind: str) -> dict[int, Any]:
         """``send`` to client k's node for each k in ``contents``; the reply per client k (None if it failed).
         A client that did not answer in time holds the simulation's actor: it is restarted (``restart_actors``)."""
         replies = self.send({self.node[k]: c for k, c in contents.items()}, kind)
+        self.restarted = False
         out = {k: replies.get(self.node[k]) for k in contents}
         if any(r is None for r in out.values()):
-            restart_actors()
+            self.restarted = restart_actors() > 0
         return out
+
+    def waited(self) -> str:
+        """The last call's limit, as a line's words."""
+        if self.timeout_s is not None:
+            return f"within driver.round_timeout_s={self.timeout_s}s"
+        return (f"within {self.limit:.0f}s of the previous reply (driver.round_timeout_s unset: {AUTO_FACTOR:g} x the "
+                f"longest wait for a reply so far, at least {AUTO_MIN_S:.0f}s; {AUTO_FIRST_S:.0f}s before the first)")
 
     def train(self, weights: fgrpo.Weights, rnd: int) -> dict[int, fgrpo.ClientResult | BaseException]:
         from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -198,9 +305,8 @@ class FlowerFederation:
         msg = RecordDict({"arrays": ArrayRecord(weights), "config": ConfigRecord({"round": rnd})})
         replies = self.each(dict.fromkeys(range(self.n), msg), "train")
         if all(r is None for r in replies.values()):
-            raise RunStopped(f"flower: no client answered round {rnd} within driver.round_timeout_s="
-                               f"{self.timeout_s}s (all {self.n} hung or gone); the run stops at its last "
-                               "checkpoint: resume with --resume")
+            raise RunStopped(f"flower: no client answered round {rnd} {self.waited()}: all {self.n} hung or gone; "
+                             "the run stops at its last checkpoint: resume with --resume")
         out: dict[int, fgrpo.ClientResult | BaseException] = {}
         for k, r in replies.items():
             c = content(r)
@@ -232,21 +338,47 @@ class FlowerFederation:
                   "query")
 
 
+class RuntimeLog(logging.Filter):
+    """Keeps the simulation runtime's own crash report (an ERROR line and a traceback, logged twice by
+    ``flwr.simulation``) off the screen: the run says it in one line and the report goes to a file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING and record.funcName in ("run_api", "_main_loop"):
+            self.records.append(record.getMessage())
+            return False
+        return True
+
+
+def root_cause(e: BaseException) -> str:
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
 def run(loop: fgrpo.Loop, states: list | None, model_path: str | None) -> dict[str, dict[str, float]]:
-    """Run ``loop`` as a ServerApp over a simulated federation (one Ray CPU, one client actor)."""
+    """Run ``loop`` as a ServerApp over a simulated federation (one Ray CPU, one client actor). If the simulation
+    runtime itself stops (Ray does not start in time, or dies), the ServerApp's thread is stopped too and the
+    run ends in one line; the runtime's report is in ``flower_runtime.log`` in the run directory."""
     _require()
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
-    n, holder = len(loop.cfg.clients), {}
+    from groupwise.loop.workers import kept
+
+    n, holder, stop = len(loop.cfg.clients), {}, threading.Event()
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, ctx: Context) -> None:
+        holder["thread"] = threading.current_thread()
         try:
-            fed = FlowerFederation(grid, n, loop.cfg.round_timeout_s or None)
+            fed = FlowerFederation(grid, n, loop.cfg.round_timeout_s, stop=stop)
             if states is not None:
                 fed.load_states(states)
             holder["result"] = loop(fed)
@@ -255,10 +387,23 @@ def run(loop: fgrpo.Loop, states: list | None, model_path: str | None) -> dict[s
 
     # the loop runs in the ServerApp's thread, where signals cannot be caught: this (main) thread takes Ctrl-C /
     # SIGTERM for it, and the loop sees ``session.stopping`` after its round, saves and stops
-    with loop.session.signals():
-        run_simulation(server, client_app(loop.run, loop.cfg, model_path), num_supernodes=n,
-                       backend_config={"client_resources": {"num_cpus": 1, "max_restarts": -1},
-                                       "init_args": {"num_cpus": 1}})
+    flwr_log, report = logging.getLogger("flwr"), RuntimeLog()
+    flwr_log.addFilter(report)
+    try:
+        with loop.session.signals():
+            run_simulation(server, client_app(ClientSetup(loop.run, loop.cfg, model_path)), num_supernodes=n,
+                           backend_config={"client_resources": {"num_cpus": 1, "max_restarts": -1},
+                                           "init_args": {"num_cpus": 1}})
+    except Exception as e:  # the runtime stopped (flwr wraps its cause): the ServerApp's thread must not go on
+        stop.set()
+        if "thread" in holder:
+            holder["thread"].join(STOP_JOIN_S)
+        log = loop.run.run_dir / "flower_runtime.log"
+        log.write_text("\n".join(report.records) + "\n")
+        raise RunStopped(f"flower: the simulation runtime stopped ({root_cause(e)}); its report: {log}; "
+                         f"{kept(loop.run.run_dir)}: resume with --resume") from None
+    finally:
+        flwr_log.removeFilter(report)
     if "error" in holder:
         raise holder["error"]
     if "result" not in holder:

@@ -14,7 +14,7 @@ from groupwise.advantages import Advantage, AdvantageTransform
 from groupwise.config import RunConfig
 from groupwise.credit import Credit
 from groupwise.filter import Filter
-from groupwise.log import Progress, work
+from groupwise.log import Progress, counting, work
 from groupwise.loop.record import Recorder
 from groupwise.models import fsdp
 from groupwise.parallel import data_parallel
@@ -81,8 +81,9 @@ class CountingGenerator:
 
     def _verify(self, model, logged: bool = True, false_claim: bool = False) -> None:
         said = " (its sync_weights returned True, yet it does not share the trainer's parameters)"
-        self.probe = self.check.verify(f"generator '{self.name}'{said if false_claim else ''}", self.engine, model,
-                                       lambda: self.inner.sync_weights(model), logged)
+        with counting(None):  # the probe's completion is not one the screen's counter waits for
+            self.probe = self.check.verify(f"generator '{self.name}'{said if false_claim else ''}", self.engine,
+                                           model, lambda: self.inner.sync_weights(model), logged)
 
     def release(self) -> None:
         release(self.inner)

@@ -46,11 +46,11 @@ LOCK = ".lock"
 SECTIONS = ("task", "model", "rollout", "reward", "eval")  # what ``groupwise eval RUN`` reads from it
 RESUMABLE = ("trainer.steps", "trainer.save_every", "trainer.keep_last", "trainer.progress", "trainer.sinks",
              "trainer.threads", "trainer.record_groups", "eval.", "out_dir", "name", "rollout.workers",
-             "rollout.async_timeout_s")
+             "rollout.async_timeout_s", "driver.round_timeout_s")
 """Keys a resumed run may change (prefixes); with a cosine or linear schedule, ``trainer.steps`` also
 changes the rest of the schedule. ``rollout.workers`` changes no sample (``loop/workers.py``); ``rollout.shards``
-does, so it stays. ``rollout.async_timeout_s`` changes no sample either: a run it stopped resumes with a longer
-one."""
+does, so it stays. ``rollout.async_timeout_s`` and FGRPO's ``driver.round_timeout_s`` change no sample either: a
+run one stopped resumes with a longer one."""
 
 
 FORWARD_S = 2.0  # under torchrun: a second signal this soon after the first is the launcher's forward of it

@@ -21,7 +21,7 @@ import torch
 from groupwise import catalog
 from groupwise.config import RunConfig, Spec, loss_needs
 from groupwise.eval.evaluate import forced_prefix_ids
-from groupwise.log import quiet_libraries
+from groupwise.log import Progress, quiet_libraries
 from groupwise.loop import workers
 from groupwise.loop.pipeline import CountingGenerator, CountingTeacher, Part, Pipeline, encode
 from groupwise.loop.record import Recorder
@@ -51,11 +51,11 @@ def check_chat_template(cfg: RunConfig, task: Task, tokenizer, say: bool = True)
               "are fed as plain text (model.chat_template=false says so and silences this)", file=sys.stderr)
 
 
-def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, progress,
+def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, screen: Progress | None,
                  train: bool = True) -> tuple[Any, Any, Any]:
     """(policy, tokenizer, initial_policy()): the initial weights are kept (as a frozen copy, made on first
     use) also when the policy is resumed from a checkpoint; a LoRA policy's are its base (``lora.BaseView``)."""
-    first, tokenizer = load_model(cfg.model, task, progress, cfg.seed, train)
+    first, tokenizer = load_model(cfg.model, task, screen, cfg.seed, train)
     policy = first
     if checkpoint is not None and cfg.model.lora is not None:
         lora.load_weights(policy, checkpoint / "model")
@@ -135,14 +135,15 @@ def process_settings(cfg: RunConfig) -> None:
         torch.set_num_threads(cfg.trainer.threads)
 
 
-def build(cfg: RunConfig, checkpoint: Path | None = None, progress=None, io: bool = True,
+def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | None = None, io: bool = True,
           worker: bool = False, train: bool = True) -> Pipeline:
     """``io=False`` (the other ranks of a multi-process run): the rollout recorder writes nothing. ``worker``
     (inside a Ray rollout worker): no teacher, no reference model, and its shards run in that process.
-    ``train=False`` (``groupwise eval``): the model's memory check counts its weights only."""
+    ``train=False`` (``groupwise eval``): the model's memory check counts its weights only. ``screen``: the run's,
+    where a GGUF conversion or a warm start built on first use shows as its own phase (``models/load.py``)."""
     process_settings(cfg)
     task = bind("task", cfg.task, BuildEnv(run=cfg, seed=cfg.seed)).obj
-    policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, progress, train)
+    policy, tokenizer, initial = _load_policy(cfg, task, checkpoint, screen, train)
     check_chat_template(cfg, task, tokenizer, say=io and not worker)
     e = cfg.eval  # a bad eval.forced_prefix fails here, not at the first eval
     forced_prefix_ids(tokenizer, e.forced_prefix, e.max_completion_tokens or cfg.rollout.max_completion_tokens)

@@ -20,7 +20,6 @@ import torch
 
 from groupwise.config import RunConfig
 from groupwise.eval import evaluate_run
-from groupwise.log import WARM_START
 from groupwise.loop import distributed
 from groupwise.loop.pipeline import Pipeline, Rollout, Work
 from groupwise.loop.session import Session, latest_model_dir  # noqa: F401  (latest_model_dir: public API)
@@ -205,7 +204,7 @@ def train(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict
         distributed.barrier()
     session = Session(cfg, resume, overwrite, main=main)
     with session.progress.phase("loading the model", about=cfg.model.path):
-        p = build(cfg, session.checkpoint, progress=session.progress.callback(WARM_START), io=main)
+        p = build(cfg, session.checkpoint, screen=session.progress, io=main)
     p.screen = session.progress
     if main:
         distributed.barrier()

@@ -24,6 +24,9 @@ several shards an empty one (fewer problems than shards, e.g. a small refill) is
   weights, so the step is the undisturbed step. A result from a new process id counts one
   ``rollout/worker_restarts`` (several deaths within one call count once). A shard whose worker dies
   ``MAX_TRIES`` times stops the run.
+- A shard that raises one of groupwise's one-line errors (a plug-in's ``PluginError``, a ``ConfigError``,
+  ``RunStopped``) stops the run with that error, the line it gives in process, not Ray's remote traceback; the
+  step's other shards are waited for first (``DRAIN_S``), so Ray reports none of their errors as unhandled.
 - Ray is started with the first shard (``num_cpus = workers``, no dashboard; building a pipeline starts no
   process) and shut down when training ends, at exit at the latest. In a Ray session the caller started (a
   notebook, the tests) it stays up, and the next run there takes the idle actors over (``prestart``) instead
@@ -42,6 +45,7 @@ several shards an empty one (fewer problems than shards, e.g. a small refill) is
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import signal
@@ -63,6 +67,8 @@ if TYPE_CHECKING:
 
 MAX_TRIES = 3
 """A shard is run at most this many times (its worker died on every try: the run stops)."""
+DRAIN_S = 60.0
+"""When a shard raises, how long the step's other shards are waited for before the run stops (``_drain``)."""
 ENV = ("GROUPWISE_CACHE", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 """The driver's environment a worker must share (the warm-start cache, offline Hub settings)."""
 
@@ -361,6 +367,11 @@ class RayWorkers:
                 result = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as e:  # Ray restarted it and reran the shard MAX_TRIES times
                 raise self.stopped(f"step {step}", f"rollout shard {i}'s worker died {MAX_TRIES} times", e) from None
+            except self.ray.exceptions.RayTaskError as e:  # the shard raised: a plug-in, a config error, a bug
+                self._drain(running)
+                if isinstance(e.cause, (ConfigError, RunStopped)):  # one line in process: the same line here
+                    raise e.cause from None
+                raise  # a bug: Ray's error carries the worker's traceback
             if self._stale(result, k, retry=i not in resent):  # resync: send the weights again, rerun the shard
                 resent.add(i)
                 self.weights, self.version = self.ray.put(trainable(self.p.policy, self.names)), self.version + 1
@@ -368,6 +379,15 @@ class RayWorkers:
                 continue
             done[i] = self._absorb(result, k, step, draws)
         return interleave([done[i] for i in sorted(done)])
+
+    def _drain(self, running: dict[Any, tuple[int, int]]) -> None:
+        """Before a shard's error stops the run: wait (at most ``DRAIN_S``) for the step's other shards and fetch
+        them, so that Ray does not print an error of theirs as unhandled (a remote traceback after the run's one
+        line) when their results are dropped."""
+        ready, _ = self.ray.wait(list(running), num_returns=len(running), timeout=DRAIN_S) if running else ([], [])
+        for ref in ready:
+            with contextlib.suppress(self.ray.exceptions.RayError):
+                self.ray.get(ref)
 
     def _stale(self, r: ShardResult, k: int, retry: bool) -> bool:
         """Whether actor ``k``'s probe (its generator, after its last weight load) is off the driver's policy

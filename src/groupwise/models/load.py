@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from groupwise.config import ModelConfig
+from groupwise.log import Progress
 from groupwise.models import lora, sources
 from groupwise.registry import ConfigError
 
@@ -68,21 +69,23 @@ def prepare(model, tokenizer, dtype: str, device: str):
     return model, tokenizer
 
 
-def load_model(cfg: ModelConfig, task=None, progress=None, seed: int = 0, train: bool = True):
+def load_model(cfg: ModelConfig, task=None, screen: Progress | None = None, seed: int = 0, train: bool = True):
     """The policy and its tokenizer, as the run config asks (see module docstring); with ``model.lora``, the
     policy carries a fresh LoRA adapter (``lora.py``), unless ``model.path`` already is an adapter.
+    ``screen``: the run's (``log.Progress``), where a GGUF conversion or a warm start built on first use shows as
+    its own phase (None: as plain lines).
     ``train``: the memory check counts gradients and optimizer state (false: the weights alone, for evals and
     teachers)."""
-    model, tokenizer = _load_base(cfg, task, progress, train)
+    model, tokenizer = _load_base(cfg, task, screen, train)
     if cfg.lora is not None and not lora.is_lora(model):
         model = lora.wrap(model, cfg.lora, seed)
     return model, tokenizer
 
 
-def _load_base(cfg: ModelConfig, task, progress, train: bool = True):
+def _load_base(cfg: ModelConfig, task, screen: Progress | None, train: bool = True):
     check_device(cfg.device)
     if not cfg.path.startswith("embedded:"):
-        path = sources.resolve(cfg.path)
+        path = sources.resolve(cfg.path, screen)
         n = None if lora.is_adapter_dir(path) else sources.count_params(path)
         if n is not None:
             per_param = sources.training_bytes_per_param(cfg.dtype, cfg.lora is not None or not train)
@@ -94,7 +97,7 @@ def _load_base(cfg: ModelConfig, task, progress, train: bool = True):
             if lora.is_adapter_dir(path):
                 raise ConfigError(f"model.warm_start: true with model.path '{cfg.path}', a LoRA adapter: a warm start "
                                   "starts from a model's weights; allowed: model.warm_start: auto or false here")
-            path = ensure_warm_start(cfg.path, task, cfg, progress, source=path)
+            path = ensure_warm_start(cfg.path, task, cfg, source=path, screen=screen)
         return load_pretrained(path, cfg.dtype, cfg.device)
     from groupwise.models import tiny
 
@@ -105,7 +108,7 @@ def _load_base(cfg: ModelConfig, task, progress, train: bool = True):
     if cfg.warm_starts:  # auto or true, steps > 0
         from groupwise.models.warm_start import ensure_warm_start
 
-        return load_pretrained(ensure_warm_start(preset, task, cfg, progress), cfg.dtype, cfg.device)
+        return load_pretrained(ensure_warm_start(preset, task, cfg, screen=screen), cfg.dtype, cfg.device)
     if cfg.lora is not None:
         raise ConfigError(f"model.lora with {cfg.path} and no warm start: the adapter needs saved base weights to "
                           "refer to; allowed: model.warm_start: true (with warm_start_steps > 0) or a model directory")

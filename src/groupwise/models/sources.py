@@ -4,7 +4,8 @@
 
 - a local model directory (``save_pretrained`` output): used as it is;
 - a ``.gguf`` file: dequantised once by transformers (with the ``gguf`` package) into a plain fp32 model
-  directory in ``$GROUPWISE_CACHE/models/<stem>-<sha256[:16] of the file>/``, with a progress line. The
+  directory in ``$GROUPWISE_CACHE/models/<stem>-<sha256[:16] of the file>/``, shown as its own phase on the
+  run's screen (``CONVERTING``; ~79 s for SmolLM2, on first use only) and a line with its time. The
   conversion is written to a temporary directory (``.tmp-<entry>-<pid>``) and renamed into place under a file
   lock, so an interrupted or failed conversion leaves nothing half-written and concurrent runs convert once; the
   temporary directory of a conversion killed midway (~540 MB for SmolLM2) is removed by the next run that
@@ -49,7 +50,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from groupwise.log import follow_umask
+from groupwise.log import Progress, follow_umask, lines
 from groupwise.registry import ConfigError
 from groupwise.tempdirs import remove_stale
 
@@ -57,6 +58,8 @@ HUB_TIMEOUT_S = 10.0
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # HF_HUB_OFFLINE as the user set it, before groupwise's default
 _USER_OFFLINE = "GROUPWISE_USER_HF_HUB_OFFLINE"
+CONVERTING = "converting the GGUF to fp32 (first use, cached after)"
+"""The screen's phase while a GGUF is dequantised (``convert_gguf``); a cached conversion shows nothing."""
 SOURCE_FILE = "groupwise_source.json"
 MANIFEST = "manifest.json"
 """A conversion's checksums: ``checkpoint.MANIFEST``'s name and format."""
@@ -92,9 +95,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("GROUPWISE_CACHE", Path.home() / ".cache" / "groupwise"))
 
 
-def resolve(path: str, progress: bool = True) -> Path:
+def resolve(path: str, screen: Progress | None = None) -> Path:
     """The local model directory ``model.path`` names (see the module docstring); converts or downloads
-    once."""
+    once, as a phase of ``screen`` (the run's; None: plain lines, ``log.lines``)."""
     p = Path(path).expanduser()
     try:
         is_dir = p.is_dir()
@@ -105,11 +108,11 @@ def resolve(path: str, progress: bool = True) -> Path:
     if path.lower().endswith(".gguf"):
         if not p.is_file():
             raise ConfigError(f"model.path: GGUF file '{path}' does not exist")
-        return convert_gguf(p, progress)
+        return convert_gguf(p, screen)
     if path in ALIASES:
-        return convert_gguf(alias_file(path), progress)
+        return convert_gguf(alias_file(path), screen)
     if _HUB_ID.match(path) and not p.exists():
-        return from_hub(path, progress)
+        return from_hub(path, screen)
     raise ConfigError(f"model.path: '{path}' is not a local model directory, a .gguf file, a Hugging Face "
                       f"hub id (org/name) or a known alias; allowed: a directory, *.gguf, org/name, "
                       + ", ".join(ALIASES) + ", embedded:lab-tiny, embedded:lab-small")
@@ -174,8 +177,9 @@ def gguf_summary(path: Path) -> tuple[str, int]:
     return arch, n
 
 
-def convert_gguf(path: Path, progress: bool = True) -> Path:
-    """The cached plain model directory of a GGUF file (converted on first use; see the module docstring)."""
+def convert_gguf(path: Path, screen: Progress | None = None) -> Path:
+    """The cached plain model directory of a GGUF file (converted on first use, a ``CONVERTING`` phase of
+    ``screen``; see the module docstring)."""
     root = cache_root() / "models"
     remove_stale(root, (".tmp-*", ".damaged-*"))  # a conversion or a removal killed midway (its process is gone)
     try:
@@ -205,21 +209,18 @@ def convert_gguf(path: Path, progress: bool = True) -> Path:
         tmp = root / f".tmp-{final.name}-{os.getpid()}"  # a kill leaves it to ``remove_stale`` (above)
         tmp.mkdir()
         try:
-            t = time.perf_counter()
-            if progress:
-                print(f"converting {path.name} ({path.stat().st_size / 2**20:.0f} MB, {arch}, "
-                      f"{n_params / 1e6:.1f}M parameters) to a plain fp32 model in {final} (once)",
-                      flush=True)
-            _dequantise(path, tmp)
-            (tmp / SOURCE_FILE).write_text(json.dumps(
-                {"gguf": str(path), "sha256": digest, "architecture": arch, "parameters": n_params,
-                 "note": "dequantised from a quantised GGUF: not the original full-precision weights"},
-                indent=1))
-            write_manifest(tmp)
-            follow_umask(tmp)  # safetensors writes 0600
-            os.replace(tmp, final)
-            if progress:
-                print(f"converted in {time.perf_counter() - t:.0f} s", flush=True)
+            t, screen = time.perf_counter(), screen or lines()
+            with screen.phase(CONVERTING, about=f"{path.name} ({path.stat().st_size / 2**20:.0f} MB, {arch}, "
+                                                f"{n_params / 1e6:.1f}M parameters) into {final}"):
+                _dequantise(path, tmp)
+                (tmp / SOURCE_FILE).write_text(json.dumps(
+                    {"gguf": str(path), "sha256": digest, "architecture": arch, "parameters": n_params,
+                     "note": "dequantised from a quantised GGUF: not the original full-precision weights"},
+                    indent=1))
+                write_manifest(tmp)
+                follow_umask(tmp)  # safetensors writes 0600
+                os.replace(tmp, final)
+            screen.note(f"converted {path.name} in {time.perf_counter() - t:.0f} s (cached: later runs skip this)")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -300,7 +301,7 @@ def _dequantise(path: Path, dest: Path) -> None:
 
 
 # -------------------------------------------------------------------------------------------------- hub
-def from_hub(repo_id: str, progress: bool = True) -> Path:
+def from_hub(repo_id: str, screen: Progress | None = None) -> Path:
     """A hub model: the local hub cache's copy, else a download when the hub answers (never a hang)."""
     try:
         from huggingface_hub import constants, snapshot_download
@@ -322,11 +323,11 @@ def from_hub(repo_id: str, progress: bool = True) -> Path:
         raise ConfigError(f"model.path={repo_id}: a hub id, but this machine cannot reach {host} ({e}); "
                           "it is offline: use a local model directory, a .gguf file or "
                           + ", ".join(ALIASES)) from None
-    if progress:
-        print(f"downloading {repo_id} from {host} (the hub's own cache keeps it)", flush=True)
     old, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False  # groupwise's default, not the user's
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, etag_timeout=HUB_TIMEOUT_S))
+        with (screen or lines()).phase(f"downloading {repo_id} (first use, cached after)",
+                                       about=f"from {host} into the hub's own cache"):
+            return Path(snapshot_download(repo_id, allow_patterns=patterns, etag_timeout=HUB_TIMEOUT_S))
     except Exception as e:  # noqa: BLE001 - the hub client raises many kinds; the user needs one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise ConfigError(f"model.path={repo_id}: the hub download failed "

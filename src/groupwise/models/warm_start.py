@@ -26,6 +26,9 @@ task of the run that builds it, and the key has no seed: for a task whose train 
 (reasoning-gym), every seed shares the first builder's warm start (build it with the seed you report, e.g. 0).
 Loss: token-mean cross-entropy on completion tokens (EOS included); AdamW (0.9, 0.95), linear warm-up
 over 10 steps then cosine decay; fresh procedural traces every step.
+
+A build is its own phase on the run's screen (``BUILDING``, with its SFT steps counted: ~20 min for the real-model
+lab's, on first use only); a cached or packaged warm start shows nothing.
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ from pathlib import Path
 import torch
 
 from groupwise.config import ModelConfig, to_dict
-from groupwise.log import follow_umask
+from groupwise.log import Progress, advance, follow_umask, lines
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.tasks.base import render_prompt
 
 VERSION = 2  # 2: the key hashes only non-default task fields
 MICRO_ROWS = 4  # a pretrained model's SFT rows per forward / backward pass
+BUILDING = "building the warm start (first use, cached after): SFT steps"
+"""The screen's phase while a warm start is built, counting its SFT steps."""
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
          "chat_template.jinja", "warm_start.json")
 
@@ -89,9 +94,11 @@ def warm_start_key(preset: str, task, cfg: ModelConfig, source: Path | None = No
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None, source: Path | None = None) -> Path:
-    """The warm start's model directory (built on a miss). ``preset``: the embedded preset, or a pretrained
-    model's name (``model.path``) with ``source`` its resolved directory."""
+def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None, source: Path | None = None,
+                      screen: Progress | None = None) -> Path:
+    """The warm start's model directory (built on a miss, a ``BUILDING`` phase of ``screen``: the run's; None:
+    plain lines, ``log.lines``). ``preset``: the embedded preset, or a pretrained model's name (``model.path``)
+    with ``source`` its resolved directory. ``progress``: ``sft``'s per-step callback (a script's monitor)."""
     if task is None or not hasattr(task, "sft_examples"):
         raise ValueError("a warm start needs a task with reference traces (sft_examples)")
     root = cache_root() / "warm_start"
@@ -125,10 +132,10 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None, source
                     if (packaged / name).is_file():
                         shutil.copyfile(packaged / name, tmp / name)
             else:
-                if progress is not None:  # say why this run is slow once
-                    print(f"building the warm start for this config ({cfg.warm_start_steps} SFT steps); it will be "
-                          f"cached in {final}", flush=True)
-                model, tokenizer = sft(preset, task, cfg, progress, source)
+                with (screen or lines()).phase(BUILDING, cfg.warm_start_steps,
+                                               f"{cfg.warm_start_steps} steps on {task.name}'s reference traces, "
+                                               f"into {final}"):
+                    model, tokenizer = sft(preset, task, cfg, progress, source)
                 model.save_pretrained(tmp, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
                 (tmp / "warm_start.json").write_text(json.dumps(
@@ -144,7 +151,8 @@ def ensure_warm_start(preset: str, task, cfg: ModelConfig, progress=None, source
 
 def sft(preset: str, task, cfg: ModelConfig, progress=None, source: Path | None = None):
     """SFT of the embedded preset from scratch, or (``source``) of a pretrained model: its LoRA adapter with
-    ``model.lora``, merged into the weights at the end, else every weight."""
+    ``model.lora``, merged into the weights at the end, else every weight. Each step done is ``log.advance``d
+    (the screen's counter) and, with ``progress``, called back as ``progress(step, steps, loss)``."""
     if source is None:
         from groupwise.models import tiny
 
@@ -190,6 +198,7 @@ def sft(preset: str, task, cfg: ModelConfig, progress=None, source: Path | None 
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        advance(1)  # a step done: the screen's counter (log.py)
         if progress is not None:
             progress(step + 1, steps, total)
     if source is not None and cfg.lora is not None:
@@ -210,7 +219,7 @@ def package(recipes: list[str]) -> list[Path]:
         if not (cfg.model.path.startswith("embedded:") and cfg.model.warm_start and cfg.model.warm_start_steps):
             continue
         task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
-        src = ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model, progress=lambda *a: None)
+        src = ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model)
         dst = packaged_root() / src.name
         if not (dst / "model.safetensors").is_file():
             dst.mkdir(parents=True, exist_ok=True)

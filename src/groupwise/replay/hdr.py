@@ -43,7 +43,9 @@ Metrics: ``replay/accept_rate`` and ``replay/accept_rate_age{1,2,3plus}`` (this 
 absent when none were scanned), counts ``replay/scanned_age*`` / ``replay/accepted_age*``,
 ``replay/headroom_replayed`` (H under π_θt), ``replay/headroom_fresh`` (all fresh groups) and
 ``replay/headroom_ingress`` (the fresh groups that entered, both under π_gen = the policy of their step),
-``replay/drift_scanned`` (mean D) and ``replay/drift_scanned_max``, ``replay/token_share``, buffer size, age.
+``replay/drift_scanned`` (mean D) and ``replay/drift_scanned_max``, the mean D by age
+``replay/drift_scanned_{age1,age2,age3plus}`` (to set τ for a model and lr: run ``tau: .inf`` a few steps and read
+the age-1 drift), ``replay/token_share``, buffer size, age.
 """
 
 from __future__ import annotations
@@ -179,10 +181,11 @@ class HDR:
         if m["replay/groups"]:
             m["replay/headroom_replayed"] = sum(h for _, h, _, ok in scanned if ok) / m["replay/groups"]
         for b in ("age1", "age2", "age3plus"):
-            hits = [ok for age, _, _, ok in scanned if _bucket(age) == b]
-            m[f"replay/scanned_{b}"], m[f"replay/accepted_{b}"] = float(len(hits)), float(sum(hits))
+            hits = [(ok, d) for age, _, d, ok in scanned if _bucket(age) == b]
+            m[f"replay/scanned_{b}"], m[f"replay/accepted_{b}"] = float(len(hits)), float(sum(ok for ok, _ in hits))
             if hits:
-                m[f"replay/accept_rate_{b}"] = sum(hits) / len(hits)
+                m[f"replay/accept_rate_{b}"] = m[f"replay/accepted_{b}"] / len(hits)
+                m[f"replay/drift_scanned_{b}"] = sum(d for _, d in hits) / len(hits)
         return m
 
     def add(self, groups: list[Group], advantages: Tensor, step: int) -> None:  # Phase E

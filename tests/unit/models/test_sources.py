@@ -99,7 +99,7 @@ def test_gguf_converts_once_into_the_cache_with_the_gguf_loaded_logits(tmp_path,
     f = write_tiny_gguf(tmp_path / "tiny.gguf")
     out = sources.resolve(str(f))
     assert out.parent == cache and out.name.startswith("tiny-") and len(out.name) == len("tiny-") + 16
-    assert "converting tiny.gguf" in capsys.readouterr().out
+    assert f"{sources.CONVERTING}: tiny.gguf" in capsys.readouterr().out  # no screen: its phase as a plain line
     source = json.loads((out / sources.SOURCE_FILE).read_text())
     assert source["sha256"] == sources.file_sha256(f) and source["architecture"] == "llama"
     mtime = (out / "model.safetensors").stat().st_mtime_ns

@@ -126,6 +126,8 @@ def test_rank_by_cached_headroom_and_admit_by_drift():
     m = buf.metrics()
     assert m["replay/scanned"] == 3 and m["replay/accept_rate"] == pytest.approx(2 / 3)
     assert m["replay/accept_rate_age1"] == pytest.approx(2 / 3) and "replay/accept_rate_age2" not in m
+    # D by age: top 0.25 (every token shifted by -0.5), mid and mid2 0, all three stored one step ago
+    assert close(m["replay/drift_scanned_age1"], 0.25 / 3) and "replay/drift_scanned_age2" not in m
     top = next(e for e in buf.store.entries if e.group.problem.id == "top")
     # the rejected group's cache moved to its headroom under the current policy
     assert close(top.headroom, ((1 - math.exp(-3.5)) + math.exp(-0.51)) / 2)

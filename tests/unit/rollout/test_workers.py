@@ -161,6 +161,39 @@ def test_killed_worker_is_restarted_and_its_shard_retried(ray_session, in_proces
     assert comparable(metrics) == comparable(in_process[1])
 
 
+RAISES = '''
+from groupwise.registry import NoConfig
+from groupwise.rollout import BUILDERS
+
+@BUILDERS.register("raises_at_step_1", config=NoConfig)
+def raises_at_step_1(cfg, env):
+    def build(problems, ctx):
+        if ctx.step == 1:
+            raise ValueError("no groups at step 1")
+        return ctx.sample_groups(problems)
+    return build
+'''
+
+
+def test_a_plugin_that_raises_in_a_worker_is_the_same_one_line_as_in_process(tmp_path):
+    """Issue 48: a plug-in that raised inside a Ray worker ended the run with Ray's remote traceback (~25 lines)
+    in the ``error:`` line, where in process it is one line naming the plug-in. Two workers, so that both shards
+    raise: the one whose error is not fetched must not print Ray's "Unhandled error" traceback either."""
+    pytest.importorskip("ray")
+    plugin = tmp_path / "raises.py"
+    plugin.write_text(textwrap.dedent(RAISES))
+    said = {}
+    for n in (0, 2):
+        proc = cli_train(tmp_path / f"w{n}", f"plugins=[{plugin}]", "rollout.builder=raises_at_step_1",
+                         "rollout.shards=2", f"rollout.workers={n}", "trainer.steps=3")
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in err and "Unhandled error" not in err, err[-3000:]
+        said[n] = [line for line in err.splitlines() if line.strip()]
+    assert said[0][-1].startswith("error: group builder plug-in 'raises_at_step_1' (")
+    assert said[0][-1].endswith("raised ValueError: no groups at step 1 (line 9)"), said[0]
+    assert said[2][-1] == said[0][-1], said[2][-5:]
+
+
 def test_workers_that_keep_old_weights_are_noticed(ray_session, in_process, tmp_path, monkeypatch):
     """The driver's sync silently sends nothing: each actor keeps the weights it first loaded. Its probe (its
     generator after its last load) is compared with the driver's policy when its shard comes back."""
@@ -256,23 +289,30 @@ def test_a_killed_ray_node_stops_the_run_in_one_line(tmp_path):
     assert any((tmp_path / "r" / "checkpoints").glob("step_*")), "save_every=1: a checkpoint is kept"
 
 
-def running_with_a_worker(tmp_path, *overrides: str, **env: str):
-    """``groupwise train`` with one Ray worker, in a subprocess, once it has logged two steps: (process, metrics
-    file)."""
+def cli_train(tmp_path, *overrides: str, **env: str):
+    """``groupwise train`` with one Ray worker (unless ``overrides`` say otherwise), started in a subprocess; its
+    run directory is ``tmp_path / "r"``."""
     import os
     import subprocess
-    import time
     from pathlib import Path
 
     src = str(Path(__file__).parents[3] / "src")
     env = {**os.environ, **env, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    tmp_path.mkdir(parents=True, exist_ok=True)
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: r\n")
     cmd = [sys.executable, "-m", "groupwise.cli", "train", str(recipe), *ARGS, "rollout.shards=1", "rollout.workers=1",
            "trainer.steps=200", "trainer.progress=false", "trainer.sinks=[jsonl]", "eval.before=false",
            "eval.after=false", f"out_dir={tmp_path}", *overrides]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
+
+
+def running_with_a_worker(tmp_path, *overrides: str, **env: str):
+    """``cli_train``, once it has logged two steps: (process, metrics file)."""
+    import time
+
+    proc = cli_train(tmp_path, *overrides, **env)
     log, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 240
     while proc.poll() is None and time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
         time.sleep(0.2)
