@@ -138,11 +138,11 @@ def test_a_process_with_a_hung_tool_call_still_exits():
             "tool=lambda q: time.sleep(3600), timeout_s=0.2); "
             "tl.generate([Request(PROMPT)], PARAMS, torch.Generator()); print('done')")
     here = Path(__file__).parent
-    t0 = time.monotonic()
+    # not an hour: the abandoned call is not joined at exit (a joined one would run into the timeout); the bound
+    # leaves room for the interpreter and torch to start on a loaded machine (31 s seen beside two training runs)
     out = subprocess.run([sys.executable, "-c", code, str(here), str(here.parents[2] / "src")],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
-    assert time.monotonic() - t0 < 30  # not an hour: the abandoned call is not joined at exit
 
 
 def test_a_huge_tool_result_is_cut_before_it_is_tokenised():
