@@ -109,14 +109,14 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05, c
     """Per-token teacher/student divergence on the student's own samples: the teacher is the same (frozen) weights
     shown ``context`` (default ``PRIVILEGED_CONTEXT``); mean over completion tokens (EOS included).
     ``divergent_frac``: the share of tokens whose forward KL exceeds 0.1 nats. ``gate_dev_*``: the spread of DASH's
-    gate input g_t = r_t − r̄ (the clipped r_t minus its row's mean, ``losses/dash_opsd.py``): its pooled std and
+    gate input g_t = r_t − r̄ (the clipped r_t minus its row's mean, ``methods/opsd/dash_opsd.py``): its pooled std and
     the 10th / 90th percentiles."""
     import torch
 
     from groupwise.models.forward import completion_logprobs, pack
     from groupwise.rollout.base import Request, SamplingParams
     from groupwise.seeding import stable_seed
-    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+    from groupwise.teachers import PRIVILEGED_CONTEXT, privileged_problem
 
     rng = torch.Generator().manual_seed(stable_seed("headroom-div", 0))
     pad = p.tokenizer.pad_token_id
@@ -331,7 +331,7 @@ def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict
     from groupwise.config import load
     from groupwise.eval import evaluate, pass_at_k
     from groupwise.loop.setup import build
-    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+    from groupwise.teachers import PRIVILEGED_CONTEXT, privileged_problem
 
     torch.set_num_threads(1)
     res: dict = {}
@@ -385,7 +385,7 @@ def teacher_check(out_dir: Path, recipe: str) -> dict:
     from groupwise.config import load
     from groupwise.eval import evaluate
     from groupwise.loop.setup import build
-    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+    from groupwise.teachers import PRIVILEGED_CONTEXT, privileged_problem
 
     torch.set_num_threads(1)
     p = build(load(recipe, ["trainer.threads=1"]))

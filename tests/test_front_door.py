@@ -22,20 +22,20 @@ heavy = [m for m in ("torch._C", "transformers") if m in sys.modules]
 print(json.dumps({{"heavy": heavy, "modules": sorted(m for m in sys.modules if m.startswith("groupwise"))}}))
 """
 
-INTERFACES = ["groupwise", "groupwise.advantages", "groupwise.catalog", "groupwise.cli", "groupwise.credit",
-              "groupwise.drivers", "groupwise.errors", "groupwise.filter", "groupwise.lazy", "groupwise.log",
-              "groupwise.losses", "groupwise.models", "groupwise.models.sources", "groupwise.plugins",
-              "groupwise.registry", "groupwise.replay", "groupwise.rewards", "groupwise.rollout",
-              "groupwise.rollout.base", "groupwise.select", "groupwise.tasks", "groupwise.tasks.base",
-              "groupwise.teachers", "groupwise.tempdirs", "groupwise.types"]
+INTERFACES = ["groupwise", "groupwise.adapters", "groupwise.advantages", "groupwise.catalog", "groupwise.cli",
+              "groupwise.credit", "groupwise.drivers", "groupwise.errors", "groupwise.filter", "groupwise.lazy",
+              "groupwise.log", "groupwise.losses", "groupwise.models", "groupwise.models.sources",
+              "groupwise.plugins", "groupwise.registry", "groupwise.replay", "groupwise.rewards",
+              "groupwise.rollout", "groupwise.rollout.base", "groupwise.select", "groupwise.tasks",
+              "groupwise.tasks.base", "groupwise.teachers", "groupwise.tempdirs", "groupwise.types"]
 """What ``groupwise list`` imports: the catalogue, the stage interfaces and the base modules they stand on."""
 
-GRPO_LAB = ["groupwise.advantages.grpo", "groupwise.advantages.stats", "groupwise.config", "groupwise.config.check",
-            "groupwise.config.load", "groupwise.config.parse", "groupwise.config.schema", "groupwise.drivers.single",
-            "groupwise.filter.basic", "groupwise.losses.ppo_clip", "groupwise.losses.reduce",
-            "groupwise.models.forward", "groupwise.replay.none", "groupwise.rewards.basic",
-            "groupwise.rollout.builders", "groupwise.rollout.fused", "groupwise.rollout.hf", "groupwise.seeding",
-            "groupwise.select.random", "groupwise.tasks.lab", "groupwise.teachers.none"]
+GRPO_LAB = ["groupwise.advantages.stats", "groupwise.config", "groupwise.config.check", "groupwise.config.load",
+            "groupwise.config.parse", "groupwise.config.schema", "groupwise.loop", "groupwise.loop.single",
+            "groupwise.losses.reduce", "groupwise.models.forward", "groupwise.seeding", "groupwise.standard",
+            "groupwise.standard.builder", "groupwise.standard.filters", "groupwise.standard.fused",
+            "groupwise.standard.grpo", "groupwise.standard.hf", "groupwise.standard.lab", "groupwise.standard.none",
+            "groupwise.standard.ppo_clip", "groupwise.standard.random_selector", "groupwise.standard.rewards"]
 """What ``groupwise config recipes/grpo_lab.yaml`` adds: the config package and the default members (each
 with the helpers its module imports: the members are not split into a config half and a code half)."""
 

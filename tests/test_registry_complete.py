@@ -103,7 +103,7 @@ def test_the_call_log_sees_a_call_and_only_a_call():
 
 def test_the_use_log_sees_a_use_and_not_a_build():
     from groupwise.select import SELECTORS
-    from groupwise.tasks.lab import Lab, LabConfig
+    from groupwise.standard.lab import Lab, LabConfig
 
     key, before = ("selector", "random"), set(member_calls.USES.get(("selector", "random"), ()))
     member_calls.USES.pop(key, None)

@@ -13,7 +13,7 @@ from groupwise.config import load
 from groupwise.log import StorageError
 from groupwise.models import warm_start
 from groupwise.registry import BuildEnv
-from groupwise.tasks.lab import LabConfig
+from groupwise.standard.lab import LabConfig
 
 ROOT = Path(__file__).parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -1,7 +1,8 @@
 """The catalogue of component kinds: every stage package, imported explicitly, and its registry.
 
-Reading this file tells which stages exist; ``groupwise list`` prints them. Importing a stage package imports
-its interface only (Protocol, registry); its members are found in the source (``registry.source_index``) and
+Reading this file tells which stages exist; ``groupwise list`` prints them. A stage package is its interface only
+(Protocol, registry, the helpers its members share); the members live in their methods' rooms (``methods/``) and
+among the standard components (``standard/``), are found in the source (``registry.source_index``) and
 imported when named, plus users' plugins (``plugins.py``: recipe ``plugins:`` and the ``groupwise.plugins``
 entry-point group), which register exactly like built-ins.
 """

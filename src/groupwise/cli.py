@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ValueError as e:  # a task's data error is the user's to fix, like a config error; others are bugs
-        from groupwise.tasks.jsonl import DataError
+        from groupwise.standard.jsonl import DataError
 
         if not isinstance(e, DataError):
             raise

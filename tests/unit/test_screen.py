@@ -114,7 +114,7 @@ def test_the_hf_generator_counts_each_completion_when_it_finishes():
 
     from groupwise.loop.pipeline import CountingGenerator
     from groupwise.rollout.base import Request, SamplingParams
-    from groupwise.rollout.hf import HFConfig, HFGenerator
+    from groupwise.standard.hf import HFConfig, HFGenerator
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,

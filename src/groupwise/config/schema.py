@@ -103,7 +103,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ToolsConfig:
-    """Multi-turn rollouts with a task's tool (``rollout/tools.py``): the model writes ``<tool>query</tool>``,
+    """Multi-turn rollouts with a task's tool (``loop/tools.py``): the model writes ``<tool>query</tool>``,
     the tool's result is appended as ``<result>…</result>`` (masked out of the loss), and the model goes on."""
 
     tool: str = "search"
@@ -153,7 +153,7 @@ class RolloutConfig:
     0: the shards run one after another in this process. At most ``shards``."""
     sync_check: Literal["none", "resync", "error"] = "resync"
     """After every weight sync, a probe checks that the engine (the generator, each Ray worker) samples from the
-    trainer's weights (``rollout/sync_check.py``): ``resync`` counts a stale engine in ``sync/failures``, syncs
+    trainer's weights (``loop/sync_check.py``): ``resync`` counts a stale engine in ``sync/failures``, syncs
     again and stops the run if it is still stale; ``error`` stops the run at once, in one line naming the
     engine; ``none`` checks nothing. Cost: one greedy generate of 32 tokens and one forward per probe; the
     default ``hf`` generator shares the policy's parameters and is probed once, before its first generation."""
@@ -294,8 +294,8 @@ class OptimConfig:
     is still exactly 1 at the first epoch (``old_logprobs`` are that epoch's own detached log-probs, same numerics),
     but the generator's fp32 rollout log-probs now differ from the trainer's: ``mismatch/*`` measures it, and
     ``loss.importance_sampling`` corrects for it (recommended with bf16). The frozen teacher's pass
-    (``teachers/``) stays at the model's dtype. Requires ``model.dtype: float32`` (a 16-bit model has nothing to
-    autocast) and ``trainer.data_parallel: replicate`` (autocast under FSDP2 is not built or tested:
+    (``standard/teachers.py``) stays at the model's dtype. Requires ``model.dtype: float32`` (a 16-bit model has
+    nothing to autocast) and ``trainer.data_parallel: replicate`` (autocast under FSDP2 is not built or tested:
     ``models/fsdp.py`` has no mixed-precision policy); fp16 is not offered (it would need loss scaling)."""
 
     def __post_init__(self) -> None:

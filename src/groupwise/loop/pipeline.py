@@ -16,6 +16,7 @@ from groupwise.credit import Credit
 from groupwise.filter import Filter
 from groupwise.log import Progress, counting, work
 from groupwise.loop.record import Recorder
+from groupwise.loop.sync_check import Probe, SyncCheck, shares
 from groupwise.models import fsdp
 from groupwise.parallel import data_parallel
 from groupwise.registry import Entry
@@ -30,7 +31,6 @@ from groupwise.rollout.base import (
     close,
     release,
 )
-from groupwise.rollout.sync_check import Probe, SyncCheck, shares
 from groupwise.seeding import stable_seed
 from groupwise.select import Selector
 from groupwise.tasks.base import Task, render_prompt
@@ -43,7 +43,7 @@ class CountingGenerator:
     """Wraps a Generator and counts what it does: completion ``tokens``, ``prompt_tokens`` and ``seconds``
     (reset by the driver each step). With a ``check`` (``rollout.sync_check``) it verifies, after every
     ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
-    (``rollout/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
+    (``loop/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
     parameters: the ``hf`` generator; ``Generator``) and the claim holds (``sync_check.shares``; a false claim is
     probed as a copy); the last ``probe`` is what a Ray worker sends back (``loop/workers.py``).
     The probe's generation goes to ``engine`` (default ``inner``; under ``rollout.tools``, the engine inside the

@@ -25,12 +25,12 @@ from groupwise.log import Progress, quiet_libraries
 from groupwise.loop import workers
 from groupwise.loop.pipeline import CountingGenerator, CountingTeacher, Part, Pipeline, encode
 from groupwise.loop.record import Recorder
+from groupwise.loop.sync_check import SyncCheck, tolerance
 from groupwise.models import fsdp, lora
 from groupwise.models.load import load_model, load_pretrained
 from groupwise.parallel import data_parallel
 from groupwise.registry import BuildEnv, ConfigError
 from groupwise.rewards.stage import BoundTerm, RewardStage
-from groupwise.rollout.sync_check import SyncCheck, tolerance
 from groupwise.tasks.base import Task
 from groupwise.update import BoundLoss, Learner
 
@@ -75,11 +75,11 @@ def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, screen: Pr
 
 def _generator(cfg: RunConfig, env: BuildEnv, policy: torch.nn.Module, tokenizer) -> CountingGenerator:
     """The run's generator, counted and its weight syncs checked; with ``rollout.tools``, inside the multi-turn
-    tool loop (``rollout/tools.py``; the sync probe goes to the engine inside it)."""
+    tool loop (``loop/tools.py``; the sync probe goes to the engine inside it)."""
     engine = bind("generator", cfg.rollout.generator, env).obj
     generator = engine
     if cfg.rollout.tools is not None:
-        from groupwise.rollout import tools
+        from groupwise.loop import tools
 
         generator = tools.wrap(engine, cfg.rollout.tools, env.task, env.tokenizer)
     return CountingGenerator(generator, sync_check(cfg, env.task, tokenizer), cfg.rollout.generator.name, policy,

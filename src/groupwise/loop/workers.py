@@ -31,7 +31,7 @@ several shards an empty one (fewer problems than shards, e.g. a small refill) is
   process) and shut down when training ends, at exit at the latest. In a Ray session the caller started (a
   notebook, the tests) it stays up, and the next run there takes the idle actors over (``prestart``) instead
   of starting new processes.
-- The weights are checked (``rollout.sync_check``, ``rollout/sync_check.py``): after each weight load an actor
+- The weights are checked (``rollout.sync_check``, ``loop/sync_check.py``): after each weight load an actor
   probes its own generator and sends the probe back with every shard; the driver compares it with its policy
   (``RayWorkers._stale``). A stale shard stops the run (``error``) or, with ``resync``, is dropped with its
   seed counters, the weights are sent again and the shard rerun: its samples are those of a good sync.
@@ -63,7 +63,7 @@ from groupwise.types import Group, Problem
 
 if TYPE_CHECKING:
     from groupwise.loop.pipeline import Pipeline
-    from groupwise.rollout.sync_check import Probe
+    from groupwise.loop.sync_check import Probe
 
 MAX_TRIES = 3
 """A shard is run at most this many times (its worker died on every try: the run stops)."""

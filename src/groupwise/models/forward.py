@@ -11,8 +11,8 @@ import dataclasses
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from groupwise.adapters import base_model
 from groupwise.lazy import torch
-from groupwise.models import base_model
 
 if TYPE_CHECKING:
     from torch import Tensor

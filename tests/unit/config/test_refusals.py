@@ -15,7 +15,7 @@ from groupwise.loop import setup
 from groupwise.models import load as models_load
 from groupwise.models import warm_start
 from groupwise.registry import ConfigError
-from groupwise.tasks.lab import Lab
+from groupwise.standard.lab import Lab
 
 REFUSALS = [
     # (overrides, what the one line says)

@@ -7,7 +7,7 @@ from support import rows
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.losses.distil import (
+from groupwise.methods.distil import (
     DistILConfig,
     DistILCostConfig,
     DistILLossConfig,
@@ -20,7 +20,7 @@ from groupwise.losses.distil import (
 )
 from groupwise.registry import ConfigError
 from groupwise.rollout import TRANSFORMS
-from groupwise.teachers.models import topk_support
+from groupwise.standard.teachers import topk_support
 from groupwise.types import Group, LossInputs, Problem, Sample, TeacherOutput
 
 

@@ -13,10 +13,10 @@ import torch
 from groupwise.config import ToolsConfig, load
 from groupwise.isolation import CAN_FORK
 from groupwise.loop.stats import group_metrics
+from groupwise.loop.tools import ToolLoop
 from groupwise.models.tiny import build_tokenizer
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Request, SamplingParams, to_sample
-from groupwise.rollout.tools import ToolLoop
 from groupwise.types import Completion, Group, Problem
 
 TOK = build_tokenizer()
@@ -202,7 +202,7 @@ def test_a_tool_stuck_in_c_code_or_exiting_is_killed_counted_and_the_run_goes_on
 
 
 def test_groupwises_own_tool_runs_in_threads_by_default():
-    from groupwise.tasks.search import Search
+    from groupwise.standard.search import Search
 
     assert ToolLoop(Scripted([]), Search.search, TOK, ToolsConfig()).pool is None
     assert ToolLoop(Scripted([]), Search.search, TOK, ToolsConfig(isolation="process")).pool == []

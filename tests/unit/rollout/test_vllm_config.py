@@ -12,7 +12,7 @@ from groupwise.config import load
 from groupwise.loop.setup import build
 from groupwise.models import lora
 from groupwise.registry import ConfigError
-from groupwise.rollout import vllm as gw_vllm
+from groupwise.standard import vllm as gw_vllm
 
 
 def test_logprob_mode_keeps_the_trainers_convention():

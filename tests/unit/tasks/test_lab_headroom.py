@@ -15,7 +15,7 @@ from groupwise import catalog
 from groupwise.config import load
 from groupwise.models import tiny
 from groupwise.registry import BuildEnv
-from groupwise.tasks.lab import Lab, LabConfig
+from groupwise.standard.lab import Lab, LabConfig
 
 ROOT = Path(__file__).parents[3]
 

@@ -8,19 +8,12 @@ from torch.testing import assert_close
 
 from groupwise.config import load
 from groupwise.loop.pipeline import CountingTeacher, encode
+from groupwise.losses import student_on_support
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.models.load import save_model
 from groupwise.registry import BuildEnv, ConfigError
-from groupwise.teachers import TEACHERS, TeacherWant
-from groupwise.teachers.models import (
-    EMAConfig,
-    ModelTeacherConfig,
-    PrivilegedConfig,
-    TeacherConfig,
-    privileged_problem,
-    student_on_support,
-    topk_support,
-)
+from groupwise.standard.teachers import EMAConfig, ModelTeacherConfig, PrivilegedConfig, TeacherConfig, topk_support
+from groupwise.teachers import TEACHERS, TeacherWant, privileged_problem
 from groupwise.types import Problem, Sample
 
 
