@@ -123,12 +123,11 @@ def _use_src() -> None:
 
 def build_task(task: dict, seed: int):
     """The groupwise task a ``task:`` mapping names (the lab by default), built as a run builds it."""
-    from groupwise import catalog
     from groupwise import config as gconfig
     from groupwise.registry import BuildEnv
 
     cfg = gconfig.load(None, (), base={"task": task, "seed": seed})
-    return catalog.build(cfg.task, BuildEnv(run=cfg, seed=seed))
+    return cfg.task.build(BuildEnv(run=cfg, seed=seed))
 
 
 def plan(spec: dict):

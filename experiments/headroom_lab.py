@@ -276,14 +276,13 @@ def build_warm_start(out_dir: Path, recipe: str = RECIPE, every: int = 50, extra
     ``zero_grad``) and draws no random numbers, so the trained weights are those of an unmonitored build."""
     import torch
 
-    from groupwise import catalog
     from groupwise.config import load
     from groupwise.models import tiny, warm_start
     from groupwise.registry import BuildEnv
 
     torch.set_num_threads(1)
     cfg = load(recipe, list(extra))
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    task = cfg.task.build(BuildEnv(run=cfg, seed=cfg.seed))
     held_out = list(task.test)[:128]
     built: dict = {}
     original = tiny.build_model

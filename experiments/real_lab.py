@@ -521,7 +521,6 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
     if not path.exists():
         import dataclasses
 
-        from groupwise import catalog
         from groupwise.config import load
         from groupwise.eval import evaluate_run
         from groupwise.loop.session import latest_model_dir, run_config
@@ -537,7 +536,7 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
             t = cfg.task
             spec = dataclasses.replace(t, cfg=dataclasses.replace(
                 t.cfg, dataset_args={**t.cfg.dataset_args, **task_args}, test_size=n))
-            problems = catalog.build(spec, BuildEnv(run=cfg, seed=cfg.seed)).test[:n]
+            problems = spec.build(BuildEnv(run=cfg, seed=cfg.seed)).test[:n]
         _, recs = evaluate_run(p, problems)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -724,12 +723,11 @@ def main() -> None:
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.check:
-        from groupwise import catalog
         from groupwise.config import load
         from groupwise.registry import BuildEnv
 
         cfg = load(RECIPE)
-        tag = check_tag(cfg, catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed)), args.temperature)
+        tag = check_tag(cfg, cfg.task.build(BuildEnv(run=cfg, seed=cfg.seed)), args.temperature)
         res = (json.loads((out_dir / f"preconditions{tag}.json").read_text()) if args.report_only
                else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature, args.check_threads))
         print(check_report(res))

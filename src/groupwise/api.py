@@ -54,9 +54,8 @@ def run(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict[s
     """Train ``cfg`` with the driver it selects (``driver:``, default ``single``)."""
     import os
 
-    from groupwise import catalog
     from groupwise.config.check import processes
     from groupwise.drivers import DriverRun
 
     processes(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # known when the run starts, before anything is built
-    return catalog.build(cfg.driver)(DriverRun(cfg, resume, overwrite))
+    return cfg.driver.build()(DriverRun(cfg, resume, overwrite))

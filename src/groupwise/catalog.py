@@ -39,17 +39,6 @@ def registry(kind: str) -> Registry[Any]:
     return KINDS[kind]
 
 
-def entry(spec: Any) -> Any:
-    """A config ``Spec``'s registry entry (its member, config class and declared abilities)."""
-    return registry(spec.kind).get(spec.name)
-
-
-def build(spec: Any, env: Any = None) -> Any:
-    """A config ``Spec`` -> the bound component: its entry's ``Entry.build``, the one way every component of every
-    kind is made (``loop/setup.py`` builds a run's; this is for one component on its own, e.g. a task)."""
-    return entry(spec).build(spec.cfg, env)
-
-
 WORKER_KINDS = ("generator", "group builder", "reward")
 """The kinds a Ray rollout worker builds and runs (``loop/workers.py``); every other kind runs in the driver."""
 

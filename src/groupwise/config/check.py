@@ -11,7 +11,7 @@ from groupwise.registry import ConfigError
 
 def loss_needs(cfg: RunConfig) -> set[str]:
     """What the loss terms with non-zero weight read beyond the policy's log-probs (``registry.NEEDS``)."""
-    return {n for t in cfg.loss.terms if t.weight != 0 for n in registry("loss").get(t.name).needs_of(t.cfg)}
+    return {n for t in cfg.loss.terms if t.weight != 0 for n in t.entry.needs_of(t.cfg)}
 
 
 def check(cfg: RunConfig) -> None:
@@ -31,7 +31,7 @@ def check(cfg: RunConfig) -> None:
         _check_async(cfg)
     from groupwise.catalog import refusal
 
-    generator = registry("generator").get(cfg.rollout.generator.name)
+    generator = cfg.rollout.generator.entry
     for engine, on in (("vllm", "vllm_engine" in generator.abilities("provides", cfg.rollout.generator.cfg)),
                        ("ray", cfg.rollout.workers > 0), ("async", cfg.rollout.max_async_level > 0)):
         why = refusal(cfg, engine) if on else ""
@@ -63,7 +63,7 @@ def slots(cfg: RunConfig) -> list[tuple[str, Spec]]:
 def _check_abilities(cfg: RunConfig) -> None:
     """Every ability a selected component requires (``Entry.requires``; a loss term's teacher ``needs`` require a
     teacher) is provided by another selected one, and none provides what another ``conflicts`` with."""
-    every = [(key, spec, registry(spec.kind).get(spec.name)) for key, spec in cfg.slots()]
+    every = [(key, spec, spec.entry) for key, spec in cfg.slots()]
     chosen = [(key, spec, e) for key, spec, e in every if spec.weight != 0]  # ``slots``: those that give
     given = {a for _, spec, e in chosen for a in e.abilities("provides", spec.cfg)}
     for key, spec, entry in every:  # a term with weight 0 is built and computed too: what it requires must exist
@@ -86,7 +86,7 @@ def _check_tools(cfg: RunConfig) -> None:
     tools = cfg.rollout.tools
     if tools is None:
         return
-    provides = registry("task").get(cfg.task.name).abilities("provides", cfg.task.cfg)
+    provides = cfg.task.entry.abilities("provides", cfg.task.cfg)
     have = sorted(a.removeprefix("tool:") for a in provides if a.startswith("tool:"))
     if tools.tool not in have:
         what = f"tools {', '.join(have)}" if have else "no tools"
@@ -106,7 +106,7 @@ def processes(cfg: RunConfig, world: int) -> None:
     if why:
         raise ConfigError(f"driver: {why}")
     gen = cfg.rollout.generator
-    if "vllm_engine" in registry("generator").get(gen.name).abilities("provides", gen.cfg):
+    if "vllm_engine" in gen.entry.abilities("provides", gen.cfg):
         raise ConfigError(f"rollout.generator {gen.name} under torchrun / accelerate (several processes) is not "
                           "built; allowed: one process, or generator hf")
 
@@ -137,7 +137,7 @@ def providers(ability: str) -> list[str]:
 def _check_importance_sampling(cfg: RunConfig) -> None:
     """An importance-sampling mode needs a generator whose completions carry its own sampling log-probs."""
     mode, gen = cfg.loss.importance_sampling.mode, cfg.rollout.generator.name
-    if mode != "none" and not registry("generator").get(gen).logprobs:
+    if mode != "none" and not cfg.rollout.generator.entry.logprobs:
         with_logprobs = [n for n in registry("generator").names() if registry("generator").get(n).logprobs]
         raise ConfigError(f"loss.importance_sampling.mode={mode}: generator '{gen}' returns no sampling "
                           "log-probs; allowed: mode none, or a generator that does "
@@ -157,7 +157,7 @@ def _check_workers(cfg: RunConfig) -> None:
     from groupwise.catalog import worker_refusal
 
     for where, spec in slots:
-        why = worker_refusal(registry(spec.kind).get(spec.name))
+        why = worker_refusal(spec.entry)
         if why:
             raise ConfigError(f"{where}: {spec.kind} '{spec.name}' {why}, which would live in a Ray worker; "
                               "allowed with rollout.workers: 0 (its shards then run in this process)")
@@ -169,15 +169,15 @@ def _check_async(cfg: RunConfig) -> None:
     engine (``own_weights``), and nothing in the rollout stage may read the weights being updated
     (``loop/lag.py``). Ray workers hold their own copies and are given the snapshot's."""
     k, gen = cfg.rollout.max_async_level, cfg.rollout.generator.name
-    entry = registry("generator").get(gen)
+    entry = cfg.rollout.generator.entry
     if not (entry.snapshot or entry.own_weights):
         ok = [e.name for e in registry("generator").entries() if e.snapshot or e.own_weights]
         raise ConfigError(f"rollout.max_async_level={k}: generator '{gen}' cannot sample from a weight snapshot; "
                           f"allowed: rollout.max_async_level=0, or generator {' | '.join(ok)}")
     for key, on, why in (
             ("trainer.data_parallel", cfg.trainer.data_parallel == "fsdp", "FSDP gathers weights collectively"),
-            ("teacher", "reads_live_policy" in registry("teacher").get(cfg.teacher.name).abilities(
-                "provides", cfg.teacher.cfg), f"teacher '{cfg.teacher.name}' reads the weights being updated")):
+            ("teacher", "reads_live_policy" in cfg.teacher.entry.abilities("provides", cfg.teacher.cfg),
+             f"teacher '{cfg.teacher.name}' reads the weights being updated")):
         if on:
             raise ConfigError(f"rollout.max_async_level={k}: not built with {key} here ({why}); allowed: "
                               f"rollout.max_async_level=0 with it")

@@ -33,12 +33,23 @@ def registry(kind: str) -> Registry[Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """A selected component: its kind, registered name, validated config, and (for terms) its weight."""
+    """A selected component: its kind, registered name, validated config, and (for terms) its weight; ``entry``, its
+    registry entry (the member, its config class and declared abilities), is resolved once, when the spec is made
+    (also by ``dataclasses.replace``), and read by everything after: the load checks, the build, the drivers."""
 
     kind: str
     name: str
     cfg: Any = None
     weight: float = 1.0
+    entry: Any = dataclasses.field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entry", registry(self.kind).get(self.name))
+
+    def build(self, env: Any = None) -> Any:
+        """The bound component: its entry's ``Entry.build`` (a factory's ``factory(cfg, env)``, a function's config
+        bound), the one way every component of every kind is made."""
+        return self.entry.build(self.cfg, env)
 
 
 class Lines:
@@ -148,7 +159,7 @@ def build_spec(kind: str, raw: Any, path: tuple[str, ...] | str, lines: Lines | 
     except ConfigError as e:
         raise ConfigError(f"{where + ': ' if where else ''}{dotted_path(path)}: {e}") from None
     cfg = build_section(entry.config, raw, path, lines)
-    return Spec(kind, name, cfg, weight)
+    return Spec(kind, name, cfg, weight)  # its entry is the one looked up here (the registry's)
 
 
 def _coerce(value: Any, tp: Any, path: tuple[str, ...], lines: Lines) -> Any:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -118,6 +119,53 @@ class CountingTeacher:
         return out
 
 
+class Shards(Protocol):
+    """Builds and scores the step's problems, shard by shard, in this process or in Ray actors (``loop/workers.py``:
+    ``InProcess``, ``RayWorkers``); ``draws`` are the step's seed counters."""
+
+    def __call__(self, problems: list[Problem], step: int, draws: dict) -> list[Group]: ...
+
+    def sync_weights(self, policy: torch.nn.Module) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
+class Pending(Protocol):
+    """An update running in the background (``Lagged.start``): ``result()`` joins it and returns its metrics."""
+
+    def result(self) -> dict[str, float]: ...
+
+
+class Lagged(Protocol):
+    """Asynchronous rollouts (``rollout.max_async_level`` > 0; ``loop/lag.py``: ``Lag``): the kept weight versions,
+    the snapshot pipeline (``view``) the rollout stage runs on, and the rollout run ahead (``ahead``)."""
+
+    view: Pipeline
+    mode: str  # the snapshot's check (``rollout.sync_check``)
+    verified: int | None  # the version the snapshot was verified to hold (None: not checked)
+    ahead: Rollout | None
+
+    def keep(self, step: int) -> None: ...
+
+    def at(self, step: int) -> tuple[Pipeline, int]: ...
+
+    def take(self, step: int) -> Rollout | None: ...
+
+    def behaviour(self, tokens: TokenBatch, step: int) -> None: ...
+
+    def start(self, step: int, fn: Callable[[], dict[str, float]]) -> Pending: ...
+
+    def capture(self) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 ROLLOUT_PARTS = ("selector", "builder", "transform", "reward", "filter")
 """Key prefixes of the parts the rollout stage runs; the buffer and the teacher run with the update."""
 
@@ -153,8 +201,8 @@ class Pipeline:
     learner: Learner
     parts: list[Part]
     recorder: Recorder
-    shards: Any = None  # builds and scores the step's rollout shards (``loop/workers.py``)
-    lag: Any = None  # ``lag.Lag`` with rollout.max_async_level > 0: weight versions and the snapshot pipeline
+    shards: Shards | None = None  # builds and scores the step's rollout shards (``loop/workers.py``)
+    lag: Lagged | None = None  # with rollout.max_async_level > 0: weight versions and the snapshot pipeline
     screen: Progress = dataclasses.field(default_factory=lambda: Progress(0, 0, False))  # the run's (its phases)
 
     def encode(self, problem: Problem) -> Tensor:

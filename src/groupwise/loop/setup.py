@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from groupwise import catalog
 from groupwise.config import RunConfig, Spec, loss_needs
 from groupwise.eval.evaluate import forced_prefix_ids
 from groupwise.log import Progress, quiet_libraries
@@ -92,7 +92,7 @@ def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
     tolerance's default follows the sampler's precision (``model.dtype``, or bfloat16 for the ``hf`` generator's
     ``dtype: bf16``, whose probe gap is its rounding)."""
     r = cfg.rollout
-    if r.sync_check == "none" or not catalog.entry(r.generator).logprobs:
+    if r.sync_check == "none" or not r.generator.entry.logprobs:
         return None
     sampler = "bfloat16" if getattr(r.generator.cfg, "dtype", "model") == "bf16" else cfg.model.dtype
     return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, sampler),
@@ -103,7 +103,7 @@ def bind(key: str, spec: Spec, env: BuildEnv) -> Part:
     """The one way a config ``Spec`` becomes a component: its registry entry builds it (``Entry.build``: a
     factory's ``factory(cfg, env)``, a function's config bound), kept with its entry (declared abilities) and the
     key a checkpoint stores its state under."""
-    entry = catalog.entry(spec)
+    entry = spec.entry
     return Part(key, entry.build(spec.cfg, env), entry)
 
 
@@ -169,6 +169,11 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | Non
     learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, loss_terms(cfg.loss.terms, env, parts), ref,
                                   counted)
     resume_step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else None
+    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);
+    # its sampler-trainer gap: the update's π_old, when the generator's log-probs are its sampling distribution's
+    recorder = Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer, task,
+                        resume_step, teacher, functools.partial(learner.logprobs, policy),
+                        learner.old_logprobs if cfg.rollout.generator.entry.logprobs else None)
     rc = cfg.reward
     reward = RewardStage(task, terms, rc.verifier_timeout_s, rc.term_timeout_s, rc.verifier_isolation,
                          rc.fail_fast, rc.worker_memory_mb)
@@ -180,18 +185,12 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | Non
         advantage_transforms=[make(f"advantage_transform{i}", t) for i, t in enumerate(cfg.advantage_transforms)],
         replay=buffer, credit=[make(f"credit{i}", c) for i, c in enumerate(cfg.credit)], teacher=counted,
         learner=learner,
-        parts=parts, recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer,
-                                       task, resume_step, teacher))
-    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);
-    # its sampler-trainer gap: the update's π_old, when the generator's log-probs are its sampling distribution's
-    pipe.recorder.policy_logprobs = pipe.policy_logprobs
-    if catalog.entry(cfg.rollout.generator).logprobs:
-        pipe.recorder.trainer_logprobs = learner.old_logprobs
+        parts=parts, recorder=recorder)
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe, build)
     if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (loop/lag.py)
         from groupwise.loop.lag import Lag
 
         # the snapshot's generator is checked against the snapshot (``Lag.at`` syncs it after each copy)
         pipe.lag = Lag(pipe, lambda model: _generator(cfg, dataclasses.replace(env, policy=model), model, tokenizer),
-                       catalog.entry(cfg.rollout.generator).own_weights)
+                       cfg.rollout.generator.entry.own_weights)
     return pipe

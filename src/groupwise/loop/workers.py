@@ -54,7 +54,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -71,18 +71,6 @@ DRAIN_S = 60.0
 """When a shard raises, how long the step's other shards are waited for before the run stops (``_drain``)."""
 ENV = ("GROUPWISE_CACHE", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 """The driver's environment a worker must share (the warm-start cache, offline Hub settings)."""
-
-
-class ShardRunner(Protocol):
-    """Builds and scores the step's problems, shard by shard; ``draws`` are the step's seed counters."""
-
-    def __call__(self, problems: list[Problem], step: int, draws: dict) -> list[Group]: ...
-
-    def sync_weights(self, policy: torch.nn.Module) -> None: ...
-
-    def metrics(self) -> dict[str, float]: ...
-
-    def close(self) -> None: ...
 
 
 def deal(items: list[Any], n: int) -> list[list[Any]]:

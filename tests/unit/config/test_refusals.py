@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import groupwise
-from groupwise import catalog
+from groupwise.config import Spec
 from groupwise.loop import setup
 from groupwise.models import load as models_load
 from groupwise.models import warm_start
@@ -58,7 +58,7 @@ def heavy(monkeypatch):
     monkeypatch.setattr(models_load, "load_model", stop("a model"))
     monkeypatch.setattr(warm_start, "ensure_warm_start", stop("a warm start"))
     monkeypatch.setattr(Lab, "__init__", stop("the lab task"))
-    monkeypatch.setattr(catalog, "build", stop("the driver"))
+    monkeypatch.setattr(Spec, "build", stop("the driver"))  # a component built on its own: the driver (api.run)
     return built
 
 
