@@ -23,6 +23,24 @@ STAGES = ("advantages", "credit", "drivers", "filter", "losses", "replay", "rewa
 """The stage packages: each holds its kind's interface (Protocol, registry, output contract) and the helpers its
 members share, and no member."""
 
+
+def room(name: str) -> str:
+    """A method's room (``groupwise.methods.<method>``, a module or a package), ``groupwise.standard``, or ""."""
+    parts = name.split(".")
+    if parts[1:2] == ["methods"] and len(parts) > 2:
+        return ".".join(parts[:3])
+    return "groupwise.standard" if parts[1:2] == ["standard"] and len(parts) > 2 else ""
+
+
+def driver_rooms() -> tuple[str, ...]:
+    """The rooms that register a driver (they run the loop: two players, a federation), read from the source: the
+    drivers layer, whole. The ``single`` driver is the loop's own (``loop/single.py``)."""
+    from groupwise.registry import source_index
+
+    rooms = sorted({room(m).removeprefix("groupwise.") for m in source_index().get("driver", {}).values()} - {""})
+    return tuple(p for r in rooms for p in (r, f"{r}.*"))
+
+
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # bottom first; a module may import modules of its own layer (without a cycle) and of the layers below
     ("base", ("types", "errors", "registry", "isolation", "log", "seeding", "parallel", "plugins", "adapters",
@@ -32,13 +50,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("schema", ("config", "config.*")),
     ("components", ("*",)),
     ("loop", ("loop",)),
-    ("drivers", ("methods.agon", "methods.fgrpo", "methods.fgrpo.*")),
+    ("drivers", driver_rooms()),
     ("api", ("api", "cli", "report", "plot", "inspect_report")),
 ]
 """Module names relative to ``groupwise``: ``x`` is the module or package ``x`` itself (a package's
 ``__init__``), ``x.*`` its submodules; ``loop`` also covers ``loop.*``. ``*`` is every module not named
 elsewhere: the methods (``methods.*``) and the standard components (``standard.*``), the models, evaluation, the
-update and checkpoints. The drivers are the methods that run the loop (two players, a federation)."""
+update and checkpoints. The drivers are the rooms of the methods that register a driver (``driver_rooms``)."""
 
 
 def modules() -> dict[str, Path]:
@@ -140,6 +158,7 @@ def test_the_checks_can_fail():
     assert layer("groupwise.methods.agon") > layer("groupwise.loop.setup") > layer("groupwise.standard.hf")
     assert layer("groupwise.drivers") == layer("groupwise.rollout") == layer("groupwise.losses.reduce")  # interfaces
     assert layer("groupwise.methods.fgrpo.federated") == layer("groupwise.methods.agon") == 6
+    assert {"methods.agon", "methods.fgrpo", "methods.fgrpo.*"} <= set(driver_rooms())  # a new driver method: more
 
 
 def test_stage_packages_hold_no_member():
@@ -150,14 +169,6 @@ def test_stage_packages_hold_no_member():
     rooms = {m for members in source_index().values() for m in members.values()}
     assert rooms and not [m for m in rooms if m.split(".")[1] in STAGES]
     assert {m.split(".")[1] for m in rooms} == {"methods", "standard", "loop"}
-
-
-def room(name: str) -> str:
-    """A method's room (``groupwise.methods.<method>``, a module or a package), ``groupwise.standard``, or ""."""
-    parts = name.split(".")
-    if parts[1:2] == ["methods"] and len(parts) > 2:
-        return ".".join(parts[:3])
-    return "groupwise.standard" if parts[1:2] == ["standard"] and len(parts) > 2 else ""
 
 
 def test_a_room_imports_no_other_room():
