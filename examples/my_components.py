@@ -2,9 +2,10 @@
 
     # in a recipe
     plugins: [examples/my_components.py]
-    advantage: maxrl
+    advantage: median_baseline
 
-MaxRL (arXiv:2602.02710): A_i = (r_i − mean_g r) / mean_g r, for rewards >= 0; a group whose mean is 0 gets 0.
+A_i = r_i − median_g r (the lower of the two middle rewards for an even group), a baseline a few lucky or unlucky
+samples cannot move; padded entries get 0.
 """
 
 import dataclasses
@@ -12,16 +13,15 @@ import dataclasses
 import torch
 
 from groupwise.advantages import ADVANTAGES
-from groupwise.advantages.stats import group_centred, group_mean
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MaxRLConfig:
+class MedianBaselineConfig:
     pass
 
 
-@ADVANTAGES.register("maxrl", config=MaxRLConfig)
-def maxrl(batch, cfg):
-    mean = group_mean(batch.rewards, batch.mask)  # [N, 1]
-    safe = torch.where(mean > 0, mean, torch.ones_like(mean))
-    return torch.where(mean > 0, group_centred(batch.rewards, batch.mask) / safe, torch.zeros_like(batch.rewards))
+@ADVANTAGES.register("median_baseline", config=MedianBaselineConfig)
+def median_baseline(batch, cfg):
+    rewards = batch.rewards.masked_fill(~batch.mask, float("nan"))  # padding takes no part in the median
+    median = rewards.nanmedian(dim=1, keepdim=True).values  # [N, 1]
+    return torch.where(batch.mask, batch.rewards - median, torch.zeros_like(batch.rewards))

@@ -108,9 +108,22 @@ Running table (updated as runs finish; done / left):
   the harness resumes them).
   Step 0 held-out: mean@4 0.307, greedy 0.400 (the race sampler's draws; 0.310 / 0.400 with multinomial's).
 - RESUMED 2026-12-06 21:14: seed 0 from its step-10 checkpoint, seed 1 from the start (it had none).
-- DECIDED 2026-12-06 (before any arm ran): a method arm evaluates once, after step 60, and is paired with the GRPO
-  run of its seed at step 0 and at step 60 (BASELINES, STEP0_KEYS, ``report``); the baselines keep 0 / 30 / 60.
-  Two evals fewer a run (~20 of ~95 minutes). Agon keeps its own step 0 (its eval is the greedy cascade).
+- DONE 2026-12-06 23:05: GRPO seed 0 (lr 2e-4, 60 steps), in-run eval (200 x 4 + greedy): mean@4 0.307 -> 0.321
+  (step 30) -> 0.344 (step 60), paired change +0.036 ± 0.015 at step 60 (+0.014 ± 0.014 at 30); greedy 0.400 ->
+  0.365 -> 0.405 (11 up / 10 down); pass@4 0.450 -> 0.470. Steps ~62-70 s beside another run (twice that while
+  other work shared the cores).
+- DONE 2026-12-06 23:37: GRPO seed 1: mean@4 0.312 -> 0.328 -> 0.335, paired +0.023 ± 0.016 at step 60 (+0.015 ±
+  0.016 at 30); greedy 0.400 -> 0.395 -> 0.385 (10 up / 13 down); pass@4 0.455 -> 0.475. So far (2 seeds, k = 4):
+  GRPO gains 2-4 points of mean@4 in 60 steps, one seed past 2 SE, greedy flat: a small signal, no saturation.
+- RUNNING at the session's end: the FINAL_K evals of GRPO seeds 0 and 1 and of their step-0 policies (a lane queue:
+  ``--arms grpo --seeds 0``, then seed 1, then ``--calibrate-hdr``, then the arms at seed 0, GRPO seed 2 third).
+- DECIDED 2026-12-06 (before any arm ran): the comparison eval is a separate eval after training (``final_eval``):
+  200 held-out problems x 16 at T = 1 + greedy (pass@1..16, issue 44) of each run's last checkpoint and of each
+  seed's step-0 policy, in resumable chunks with the same draws for every policy of a seed; arms have no in-run eval,
+  the baselines keep their in-run 0 / 30 / 60 curve at k = 4, Agon its greedy cascade. The reading rule and every
+  arm's expectation are EXPECT (written before the arms ran). An eval of 1,000 rows took ~13 min beside another run,
+  so a 3,400-row one is ~45 min: a run is ~60 min of training + ~45 min of eval, ~105 min; 3 seeds x 18 arms + GRPO
+  seed 2 ~ 96 lane-hours, ~48 h on two lanes (about sixteen 3-hour sessions).
 - LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
@@ -144,8 +157,8 @@ COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_ev
 # The evals (fixed 2026-12-06 before any arm ran). The comparison is a separate eval after training, FINAL_K samples
 # at T = 1 + greedy on the recipe's 200 held-out problems (pass@k for k = 1..16, issue 44), of every run's last
 # checkpoint and of each seed's step-0 policy (the warm start with a fresh adapter, whose B is zero: the RECIPE at that
-# seed), all with the same eval seed (``stable_seed("eval", seed)``, whatever the step), so a run and its seed's step 0
-# or its seed's GRPO run are paired problem by problem (``final_eval``). The baselines also evaluate in the run at
+# seed), all with the same eval draws (``policy_eval``), so a run and its seed's step 0 or its seed's GRPO run are
+# paired problem by problem (``final_eval``). The baselines also evaluate in the run at
 # steps 0, 30 and 60 (eval.k 4: the learning curve, precondition 6); a method arm has no in-run eval (ARM_EVAL), except
 # Agon, whose eval is its own greedy cascade (before and after). The report checks that a run's settings that decide
 # its eval (STEP0_KEYS) are GRPO's of its seed.
@@ -348,6 +361,43 @@ def calibrate_hdr(out_dir: Path) -> float:
     return tau
 
 
+# Reading rule and each arm's expectation, committed 2026-12-06 before any arm's run (issue 44). The rule: against
+# GRPO of the same seed, paired over the 200 held-out problems (the FINAL_K eval), a number is BETTER when its
+# difference is > 0 in all three seeds and its mean over seeds exceeds twice the mean per-seed SE, WORSE the same way
+# below 0, else NO DIFFERENCE at this scale. Sharpening is pass@1 better with pass@16 not better; a new capability is
+# pass@16 better. Each arm's own number ("tokens_correct": tokens of correct answers; "check": share of answers that
+# write the re-check; "hard": mean@16 at 7-9 terms; "drift": a right total before the re-check, boxed wrong) is read
+# with the same rule.
+EXPECT = {
+    "grpo_2ep": "control for replay (a second pass over the batch): pass@1 BETTER than GRPO (the headroom lab: 0.420 "
+                "against 0.332)",
+    "qlpo": "tokens_correct and check WORSE (shorter: the short-correct quadrant is kept), pass@1 NO DIFFERENCE; "
+            "twice GRPO's generated tokens",
+    "acoer": "tokens_correct and check lower (the re-check dropped) with pass@1 NO DIFFERENCE; no collapse",
+    "length_penalty": "pass@1 WORSE (the penalty ranks wrong answers by length: the headroom lab collapsed to 1-4 "
+                      "tokens in 3 of 3 seeds)",
+    "dre": "check and tokens_correct lower (the re-check is the tail DRE deletes), pass@1 NO DIFFERENCE",
+    "hdr": "pass@1 NO DIFFERENCE against FIFO replay and at least GRPO's (the headroom lab: FIFO 0.444 > HDR 0.369 > "
+           "GRPO24 0.341); tau from --calibrate-hdr",
+    "fifo_replay": "pass@1 BETTER than GRPO and like grpo_2ep (the headroom lab: the gain is a second pass)",
+    "garl": "pass@1 NO DIFFERENCE overall; hard (7-9 terms, the cold problems GARL amplifies) not WORSE",
+    "paft": "sharpening: pass@1 not WORSE, pass@16 not BETTER; the smallest seed spread",
+    "opsd": "pass@1 NO DIFFERENCE or WORSE (the teacher's divergence is small, 0.055 nats a token, and the clip "
+            "removes what there is; the headroom lab fell below its warm start)",
+    "dash_opsd": "NO DIFFERENCE from OPSD (the gate's spread at kappa 75 is the only change)",
+    "rlcsd": "pass@1 BETTER than GRPO or NO DIFFERENCE (the headroom lab: above in every seed, ranges overlapping), "
+             "tokens_correct NO DIFFERENCE",
+    "distil": "pass@16 not BETTER (the paper's pass@N claim did not show on the headroom lab), tokens_correct lower "
+              "(a short answer carries less cost-to-go), pass@1 WORSE",
+    "rredcot": "tokens lower and pass@1 WORSE (the toy collapsed to a 6-token guess), unless the real model's value "
+               "of the running totals is informative",
+    "dash_drift": "drift NO DIFFERENCE (drift is rare at the warm start: nothing to remove), pass@1 NO DIFFERENCE",
+    "lampo": "pass@1 NO DIFFERENCE (the paper is withdrawn; beta 5 ended below RLOO on the headroom lab)",
+    "pivottrace": "pass@1 NO DIFFERENCE or WORSE (its smoke: pivot density anti-correlated with error, Spearman "
+                  "-0.65 on 16 problems)",
+    "graphpo": "tokens_correct lower, pass@1 NO DIFFERENCE (the headroom lab: shorter, accuracy mixed)",
+    "agon": "the cascade at least each player alone; each player's greedy NO DIFFERENCE from GRPO's",
+}
 TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
 
 
@@ -513,11 +563,16 @@ def compare(base: Path, runs: list[Path], step: int) -> str:
 TRANSFER = {"min_terms": 2, "max_terms": 5, "min_digits": 2, "max_digits": 2}
 
 
+EVAL_CHUNK = 40  # problems per eval chunk: a stopped eval (a session's end) resumes from its last finished chunk
+
+
 def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict | None = None,
                 n: int = 0) -> list[dict]:
     """The eval records of ``run``'s last checkpoint (None: the step-0 policy of ``seed``, RECIPE at that seed), ``k``
     samples at T = 1 + greedy on the recipe's held-out problems (``task_args``: on the task with those dataset_args
-    instead, ``n`` problems), computed once and kept at ``path``."""
+    instead, ``n`` problems), kept at ``path``. Evaluated in chunks of EVAL_CHUNK problems, chunk c drawn with eval
+    seed ``1000 * seed + c`` (the same draws for every policy of a seed), each kept in its own file as it finishes:
+    a stopped eval resumes at its first missing chunk."""
     if not path.exists():
         import dataclasses
 
@@ -537,9 +592,19 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
             spec = dataclasses.replace(t, cfg=dataclasses.replace(
                 t.cfg, dataset_args={**t.cfg.dataset_args, **task_args}, test_size=n))
             problems = spec.build(BuildEnv(run=cfg, seed=cfg.seed)).test[:n]
-        _, recs = evaluate_run(p, problems)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        chunks = []
+        for c, i in enumerate(range(0, len(problems), EVAL_CHUNK)):
+            chunks.append(part := path.with_name(f"{path.stem}.chunk{c}.jsonl"))
+            if not part.exists():  # written whole (a temporary file renamed), so a stopped eval leaves no torn chunk
+                _, recs = evaluate_run(p, problems[i:i + EVAL_CHUNK], seed=1000 * seed + c)
+                gold = {x.id: x.answer for x in problems[i:i + EVAL_CHUNK]}
+                tmp = part.with_suffix(".tmp")
+                tmp.write_text("".join(json.dumps({**r, "gold": gold[r["id"]]}) + "\n" for r in recs))
+                tmp.rename(part)
+        path.write_text("".join(c.read_text() for c in chunks))
+        for c in chunks:
+            c.unlink()
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
@@ -572,6 +637,15 @@ def paired(after: list[dict], before: list[dict]) -> tuple[float, float, int, in
             sum(ga[i] and not gb[i] for i in ga))
 
 
+def drifted(r: dict) -> bool:
+    """A boxed wrong answer whose total right before the re-check is the gold answer (DASH's drift on this task; an
+    answer never boxed is a format failure, not drift)."""
+    import re
+
+    m = re.search(r"= (-?\d+)\.\s*Check", r["text"])
+    return r["format"] and not r["correct"] and m is not None and m.group(1) == r["gold"]
+
+
 def cells(recs: list[dict]) -> dict[str, float]:
     """One eval's numbers: pass@k for PASS_KS (pass@1 = mean@k), greedy, boxed share and accuracy among the boxed
     answers, tokens (all, correct), the share with the re-check, and mean@k on the held-out form and the others."""
@@ -581,7 +655,8 @@ def cells(recs: list[dict]) -> dict[str, float]:
     by: dict[str, list[bool]] = defaultdict(list)
     for r in sampled:
         by[r["id"]].append(r["correct"])
-    out = {f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by.values()) for k in PASS_KS}
+    n = min(len(v) for v in by.values())
+    out = {f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by.values()) for k in PASS_KS if k <= n}
     boxed = [r for r in sampled if r["format"]]
     right = [r["length"] for r in sampled if r["correct"]]
     out |= {"greedy": statistics.fmean(r["correct"] for r in recs if r["greedy"]),
@@ -590,6 +665,8 @@ def cells(recs: list[dict]) -> dict[str, float]:
             "tokens": statistics.fmean(r["length"] for r in sampled),
             "tokens_correct": statistics.fmean(right) if right else float("nan"),
             "check": statistics.fmean("Check" in r["text"] for r in sampled),
+            "hard": statistics.fmean(r["correct"] for r in sampled if r["difficulty"] >= 7),
+            "drift": statistics.fmean(drifted(r) for r in sampled),
             "plain": statistics.fmean(r["correct"] for r in sampled if r["form"] == "plain"),
             "train_forms": statistics.fmean(r["correct"] for r in sampled if r["form"] != "plain")}
     return out
@@ -643,7 +720,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     step0 = {s: final_eval(None, out_dir, s) for s in seeds
              if compute or (out_dir / "final" / f"step0-s{s}.jsonl").exists()}
     keys = [*(f"pass@{k}" for k in PASS_KS), "greedy", "boxed", "acc_boxed", "tokens", "tokens_correct", "check",
-            "plain", "train_forms"]
+            "hard", "drift", "plain", "train_forms"]
     rows = {"step 0": {k: harness.agg([cells(r)[k] for r in step0.values()]) for k in keys}} if step0 else {}
     rows |= {arm: {k: harness.agg([cells(r)[k] for r in e.values()]) for k in keys} for arm, e in evals.items() if e}
     lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8. Eval after training: 200 held-out problems x {FINAL_K} at "

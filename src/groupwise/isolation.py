@@ -53,7 +53,10 @@ class VerifierFailed(Exception):
 
 
 def user_code(fn: Any) -> bool:
-    """True for a function (or bound method) defined outside the groupwise package: a plug-in, a user file."""
+    """True for a function (or bound method) defined outside the groupwise package (a plug-in, a user file), or a
+    method of an object that declares ``runs_user_code = True`` (groupwise's adapter of a user's environment)."""
+    if getattr(getattr(fn, "__self__", None), "runs_user_code", False):
+        return True
     module = getattr(fn, "__module__", None) or type(fn).__module__ or ""
     return not (module == "groupwise" or module.startswith("groupwise."))
 

@@ -1,8 +1,11 @@
-"""Observability: JSONL metrics (``<stage>/<name>``), TensorBoard / W&B / MLflow sinks, a rich progress bar.
+"""Observability: JSONL metrics (``<stage>/<name>``), TensorBoard / W&B / MLflow / Trackio sinks, a rich progress bar.
 
 ``metrics.jsonl`` has one object per logged step: ``{"step": s, "time": t, "<stage>/<name>": value, ...}``.
 On resume, lines after the checkpoint's step are dropped so the file continues exactly where the
-checkpoint left off. W&B and MLflow are optional (``pip install groupwise[tracking]``).
+checkpoint left off. W&B and MLflow are optional (``pip install groupwise[tracking]``), and so is Trackio
+(``pip install groupwise[trackio]``; TRL's recommended tracker: a local SQLite store under ``TRACKIO_DIR``,
+by default ``~/.cache/huggingface/trackio``, read by ``trackio show``; project ``groupwise``, the run directory's
+name as the run, ``resume="allow"`` as for W&B). Each is imported only when ``trainer.sinks`` names it.
 
 Run-directory files are never rewritten in place: ``write_atomic`` writes a temporary file next to the
 target, fsyncs it and renames it over the target, so a kill or a full disk leaves the old file or the new
@@ -168,7 +171,7 @@ class Logger:
             write_atomic(self.path, "".join(ln + "\n" for ln in keep))
         elif resume_step is None:
             write_atomic(self.path, "")
-        self._tb = self._wandb = self._mlflow = None
+        self._tb = self._wandb = self._mlflow = self._trackio = None
         if "tensorboard" in sinks:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -186,6 +189,13 @@ class Logger:
                 raise ConfigError("trainer.sinks: mlflow is not installed; pip install groupwise[tracking]") from None
             mlflow.start_run(run_name=self.run_dir.name)
             self._mlflow = mlflow
+        if "trackio" in sinks:
+            try:
+                import trackio
+            except ImportError:
+                raise ConfigError("trainer.sinks: trackio is not installed; pip install groupwise[trackio]") from None
+            trackio.init(project="groupwise", name=self.run_dir.name, config=config, resume="allow")
+            self._trackio = trackio
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
@@ -201,6 +211,8 @@ class Logger:
             self._wandb.log(clean, step=step)
         if self._mlflow is not None:
             self._mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in clean.items()}, step=step)
+        if self._trackio is not None:
+            self._trackio.log(clean, step=step)
 
     def close(self) -> None:
         if self._tb is not None:
@@ -209,6 +221,8 @@ class Logger:
             self._wandb.finish()
         if self._mlflow is not None:
             self._mlflow.end_run()
+        if self._trackio is not None:
+            self._trackio.finish()
 
 
 QUIET_S = 30.0

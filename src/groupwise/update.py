@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from groupwise.config import ImportanceSamplingConfig, OptimConfig, RunConfig
-from groupwise.losses.mismatch import mismatch
+from groupwise.losses.mismatch import effective_sample_size, mismatch
 from groupwise.losses.reduce import Normalizer, reduce
 from groupwise.models import fsdp
 from groupwise.models.forward import (
@@ -311,6 +311,7 @@ class Learner:
         if world[1] > 1:  # every rank's terms and passes, so the logged step is the whole batch's
             sums, n_plan = gather_sums(sums, n_plan)
         out = sums.metrics(o.ppo_epochs)
+        effective_sample_size(out)  # from the step's sums of w and w², whatever the micro-batches
         out.update({"update/micro_batches": n_plan, "update/skipped_rows": float(len(batch.samples) - len(active)),
                     "update/nonfinite_skipped": skipped, "update/nonfinite_restored": restored,
                     "optim/lr": float(self.scheduler.get_last_lr()[0]),
@@ -367,8 +368,8 @@ class Learner:
         and the sampler-trainer mismatch (``losses/mismatch.py``; is_weight only with
         ``loss.importance_sampling``)."""
         total = inp.logprobs.new_zeros(())
-        mode, cap = self.settings.importance.mode, self.settings.importance.cap
-        mis = mismatch(inp.old_logprobs, inp.rollout_logprobs, inp.completion_mask, mode, cap)
+        imp = self.settings.importance
+        mis = mismatch(inp.old_logprobs, inp.rollout_logprobs, inp.completion_mask, imp.mode, imp.cap, imp.clip_min)
         weights = inp.loss_weights if mis.weight is None else inp.loss_weights * mis.weight
         for key, (s, c) in mis.metrics.items():
             sums.add(key, s, c)

@@ -74,7 +74,7 @@ def test_examples_run_and_match_the_docs(tmp_path):
     assert api.returncode == 0, api.stderr[-2000:]
     assert re.search(r"held-out mean@k: \d\.\d{3} -> \d\.\d{3}", api.stdout)
     plugin = subprocess.run([sys.executable, "-m", "groupwise.cli", "train", "recipes/grpo_lab.yaml", *SMOKE,
-                             f"out_dir={tmp_path}", "plugins=[examples/my_components.py]", "advantage=maxrl",
+                             f"out_dir={tmp_path}", "plugins=[examples/my_components.py]", "advantage=median_baseline",
                              "eval.before=false", "--overwrite"], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)
     assert plugin.returncode == 0, plugin.stderr[-2000:]

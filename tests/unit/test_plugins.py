@@ -31,19 +31,20 @@ def clean(monkeypatch):
 def test_a_recipe_plugin_registers_like_a_builtin_and_is_listed(clean, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("plugins: [examples/my_components.py]\nadvantage: maxrl\n")
+    recipe.write_text("plugins: [examples/my_components.py]\nadvantage: median_baseline\n")
     cfg = load(recipe)
-    assert cfg.advantage.name == "maxrl" and cfg.plugins == (str(ROOT / "examples/my_components.py"),)
-    entry = ADVANTAGES.get("maxrl")
-    # MaxRL, one success in four: mean 0.25 → (1 − .25)/.25 = 3 and (0 − .25)/.25 = −1
-    r = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
-    m = torch.ones_like(r, dtype=torch.bool)
+    assert cfg.advantage.name == "median_baseline" and cfg.plugins == (str(ROOT / "examples/my_components.py"),)
+    entry = ADVANTAGES.get("median_baseline")
+    # rewards 1, 0, 1, .5 (sorted 0, .5, 1, 1: the lower middle is .5) → 1 − .5, 0 − .5, 1 − .5, .5 − .5;
+    # the padded second group [3, 1, pad, pad] has median 1 → 2, 0, and 0 on padding
+    r = torch.tensor([[1.0, 0.0, 1.0, 0.5], [3.0, 1.0, 7.0, 7.0]], dtype=torch.float64)
+    m = torch.tensor([[True] * 4, [True, True, False, False]])
     adv = entry.build(entry.config())(ScoredBatch([], r, m, r, m))
-    assert torch.equal(adv, torch.tensor([[3.0, -1.0, -1.0, -1.0]], dtype=torch.float64))
+    assert torch.equal(adv, torch.tensor([[0.5, -0.5, 0.5, 0.0], [2.0, 0.0, 0.0, 0.0]], dtype=torch.float64))
     load(recipe)  # a second load reuses the imported module: nothing registers twice
     cli.main(["list", "advantage", "--plugin", "examples/my_components.py"])
     out = capsys.readouterr().out
-    assert "maxrl (groupwise_plugin_my_components_" in out and "grpo," in out
+    assert "median_baseline (groupwise_plugin_my_components_" in out and "grpo," in out
 
 
 def test_a_module_plugin_and_load_errors(clean, tmp_path, monkeypatch):

@@ -82,9 +82,11 @@ def _check_abilities(cfg: RunConfig) -> None:
 
 
 def _check_tools(cfg: RunConfig) -> None:
-    """``rollout.tools`` calls one of the task's tools: a task declares each as the ability ``tool:<name>``."""
+    """``rollout.tools`` with the text protocol calls one of the task's tools: a task declares each as the ability
+    ``tool:<name>``. The chat protocol's tools (an environment's among them) are known once the task is built:
+    ``loop/tools.py``, ``offered``."""
     tools = cfg.rollout.tools
-    if tools is None:
+    if tools is None or tools.protocol != "text":
         return
     provides = cfg.task.entry.abilities("provides", cfg.task.cfg)
     have = sorted(a.removeprefix("tool:") for a in provides if a.startswith("tool:"))

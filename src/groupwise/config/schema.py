@@ -103,17 +103,27 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ToolsConfig:
-    """Multi-turn rollouts with a task's tool (``loop/tools.py``): the model writes ``<tool>query</tool>``,
-    the tool's result is appended as ``<result>…</result>`` (masked out of the loss), and the model goes on."""
+    """Multi-turn rollouts with a task's tools or environment (``loop/tools.py``): the model calls a tool, the
+    result is appended (masked out of the loss), and the model goes on."""
 
+    protocol: Literal["text", "chat"] = "text"
+    """``text``: the model writes ``<tool>query</tool>`` and gets ``<result>…</result>`` (one tool, ``tool``);
+    ``chat``: the tokenizer's chat template carries them, as transformers and TRL do (the tools as OpenAI-style JSON
+    schemas in the prompt, the model's own call format, ``tool`` messages; several tools, ``tools``), and a task's
+    environment episodes (OpenEnv, verifiers) reply through it (``loop/chat_tools.py``)."""
     tool: str = "search"
-    """The task's tool (``task.tools[tool]``)."""
+    """``text``: the task's tool (``task.tools[tool]``)."""
+    tools: tuple[str, ...] = ()
+    """``chat``: the task's tools offered to the model; empty: all of them."""
+    mcp: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    """``chat``: MCP servers whose tools are offered too, by name: the command line of each, a stdio child process
+    (``{calc: [python, servers/calc.py]}``; its tools ``calc_<tool>``; ``pip install 'groupwise[mcp]'``)."""
     max_turns: int = 4
     """Model turns per rollout (at most max_turns − 1 tool calls are run)."""
     turn_tokens: int = 32
     """New model tokens per turn (rollout.max_completion_tokens caps model and tool tokens together)."""
     result_tokens: int = 64
-    """A tool result, tags included, is cut to this many tokens."""
+    """A tool result is cut to this many tokens (``text``: tags included; ``chat``: its content)."""
     timeout_s: float = 5.0
     """Per turn: the turn's calls (run concurrently) must answer within this many seconds."""
     workers: int = 8
@@ -127,6 +137,19 @@ class ToolsConfig:
         _rules(self, ("max_turns", lambda v: v >= 1, ">= 1"), ("turn_tokens", lambda v: v >= 1, ">= 1"),
                ("result_tokens", lambda v: v >= 1, ">= 1"), ("timeout_s", lambda v: v > 0, "> 0"),
                ("workers", lambda v: v >= 1, ">= 1"))
+        bad = next((n for n, argv in self.mcp.items() if not n.isidentifier() or not argv), None)
+        if bad is not None:
+            raise ValueError(f"mcp.{bad}: allowed a name that is an identifier (the tools' prefix) with a non-empty "
+                             "command line, e.g. {calc: [python, servers/calc.py]}")
+        if self.protocol == "text" and self.mcp:
+            raise ValueError("mcp: MCP tools go through the chat template; allowed with protocol=text: none, or "
+                             "protocol=chat")
+        if self.protocol == "text" and self.tools:
+            raise ValueError(f"tools={list(self.tools)}: the chat protocol's; allowed with protocol=text: tool "
+                             "(one tool), or protocol=chat")
+        if self.protocol == "chat" and self.tool != "search":
+            raise ValueError(f"tool={self.tool!r}: the text protocol's; allowed with protocol=chat: tools=[...] "
+                             "(empty: every tool of the task)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -221,20 +244,37 @@ class RewardConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ImportanceSamplingConfig:
-    """Sampler-trainer mismatch correction (TRL's ``vllm_importance_sampling_mode`` / ``_clip_max``): every
-    loss term's per-token loss is multiplied by w = exp(old_logprobs − rollout_logprobs), per token or
-    (sequence modes) the product over the row's loss tokens, truncated at ``cap`` or zeroed above it
-    (``losses/mismatch.py``)."""
+    """Sampler-trainer mismatch correction: every loss term's per-token loss is multiplied by a weight made of
+    r = exp(old_logprobs − rollout_logprobs), per token, per row (the product over its loss tokens) or by the
+    row's geometric mean, within the band [``clip_min``, ``cap``] (``losses/mismatch.py``). Under top-p both
+    log-probs keep the full vocabulary's support, so r carries no kept-mass factor (docs/scaling.md)."""
 
-    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
-    """none: no weight (the loss as without this section, bit for bit); ``*_truncate``: min(w, cap);
-    ``*_mask``: 0 where w > cap (the tokens or rows stay in the denominators, as in TRL)."""
+    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_mask",
+                  "seq_mask_tis"] = "none"
+    """none: no weight (the loss as without this section, bit for bit); TRL's ``vllm_importance_sampling_mode``:
+    ``*_truncate`` clamps r to the band, ``*_mask`` zeroes it outside (the tokens or rows stay in the denominators,
+    as in TRL); ``geometric_mask`` (SkyRL's ``sequence_mask_metric: geometric``) zeroes the rows whose geometric-mean
+    ratio leaves the band and weighs the others 1; ``seq_mask_tis`` (NeMo-RL / OpenRLHF) the same rows, the others
+    weighed by their untruncated token r."""
     cap: float = 3.0
-    """TRL's ``vllm_importance_sampling_clip_max`` (its default, 3)."""
+    """The band's upper bound: TRL's ``vllm_importance_sampling_clip_max`` (its default, 3); SkyRL's
+    ``geo_mask_high`` (1.01), NeMo-RL's ``truncated_importance_sampling_ratio``."""
+    clip_min: float | None = None
+    """The band's lower bound: TRL's ``vllm_importance_sampling_clip_min`` (null: none); SkyRL's ``geo_mask_low``
+    (0.99), NeMo-RL's ``truncated_importance_sampling_ratio_min``; needed by the geometric modes. ICEPOP's band is
+    ``token_mask`` with clip_min 0.5, cap 5."""
 
     def __post_init__(self) -> None:
         _rules(self, ("cap", lambda v: v > 1, "> 1 (w = 1 is no mismatch; a cap at or below it truncates or "
-                                              "masks matching tokens)"))
+                                              "masks matching tokens)"),
+               ("clip_min", lambda v: v is None or 0 <= v < 1, "null or in [0, 1) (w = 1 is no mismatch; a bound "
+                                                               "at or above it raises or masks matching tokens)"))
+        if self.clip_min is not None and self.mode == "none":
+            raise ValueError(f"clip_min={self.clip_min}: mode none applies no weight; allowed: clip_min null, or a "
+                             "mode other than none")
+        if self.clip_min is None and self.mode in ("geometric_mask", "seq_mask_tis"):
+            raise ValueError(f"mode={self.mode} needs the band's lower bound; allowed: clip_min in [0, 1) (SkyRL "
+                             "0.99, NeMo-RL 0.999) with cap (SkyRL 1.01, NeMo-RL 1.002)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -343,7 +383,9 @@ class TrainerConfig:
     threads: int = 0
     """torch intra-op threads (0: leave torch's default)."""
     progress: bool = True
-    sinks: tuple[Literal["jsonl", "tensorboard", "wandb", "mlflow"], ...] = ("jsonl", "tensorboard")
+    sinks: tuple[Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"], ...] = ("jsonl", "tensorboard")
+    """Where step metrics go besides the screen: ``metrics.jsonl``, TensorBoard, W&B / MLflow (``pip install
+    groupwise[tracking]``), Trackio (``pip install groupwise[trackio]``: a local store, ``trackio show``)."""
     record_groups: int = 2
     """Groups of each kind (trained, filtered, dropped, replayed) written per step to ``rollouts.jsonl`` for
     ``groupwise inspect`` (0: record nothing; docs/inspect.md)."""

@@ -68,7 +68,8 @@ def evaluate(generator, tokenizer, task, problems: list[Problem], encode, *, k: 
     if greedy:
         passes.append(("greedy", 1, SamplingParams(max_tokens, 0.0)))
     for kind, n, params in passes:
-        outs = generator.generate([Request(pr, prefix) for pr in prompts for _ in range(n)], params, rng)
+        reqs = [Request(pr, prefix, problem=p) for pr, p in zip(prompts, problems) for _ in range(n)]
+        outs = generator.generate(reqs, params, rng)
         for i, p in enumerate(problems):
             for c in outs[i * n:(i + 1) * n]:
                 text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)

@@ -204,9 +204,10 @@ class Pipeline:
     shards: Shards | None = None  # builds and scores the step's rollout shards (``loop/workers.py``)
     lag: Lagged | None = None  # with rollout.max_async_level > 0: weight versions and the snapshot pipeline
     screen: Progress = dataclasses.field(default_factory=lambda: Progress(0, 0, False))  # the run's (its phases)
+    prompt_tools: list[dict] | None = None  # tool schemas in every prompt (``rollout.tools.protocol: chat``)
 
     def encode(self, problem: Problem) -> Tensor:
-        return encode(problem, self.tokenizer, self.cfg.model.chat_template)
+        return encode(problem, self.tokenizer, self.cfg.model.chat_template, self.prompt_tools)
 
     def policy_logprobs(self, samples: list[Sample], vocab: bool = False) -> list[Tensor]:
         """The current policy's teacher-forced log-probs of stored samples (``Learner.logprobs``: the update's
@@ -299,8 +300,8 @@ class Pipeline:
         return out
 
 
-def encode(problem: Problem, tokenizer, chat_template: bool = True) -> Tensor:
-    text = render_prompt(problem, tokenizer, chat_template)
+def encode(problem: Problem, tokenizer, chat_template: bool = True, tools: list[dict] | None = None) -> Tensor:
+    text = render_prompt(problem, tokenizer, chat_template, tools)
     return torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
 
 

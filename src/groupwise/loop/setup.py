@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,24 @@ def _generator(cfg: RunConfig, env: BuildEnv, policy: torch.nn.Module, tokenizer
     if cfg.rollout.tools is not None:
         from groupwise.loop import tools
 
-        generator = tools.wrap(engine, cfg.rollout.tools, env.task, env.tokenizer)
+        generator = tools.wrap(engine, cfg.rollout.tools, env.task, env.tokenizer, cfg.model.path)
     return CountingGenerator(generator, sync_check(cfg, env.task, tokenizer), cfg.rollout.generator.name, policy,
                              engine)
+
+
+def prompt_tools(cfg: RunConfig, task: Task) -> list[dict] | None:
+    """The tool schemas rendered into every prompt (``rollout.tools.protocol: chat`` with tools), else None."""
+    if cfg.rollout.tools is None or cfg.rollout.tools.protocol != "chat":
+        return None
+    from groupwise.loop import tools
+
+    return tools.schemas(cfg.rollout.tools, task)
+
+
+def prompt_encoder(cfg: RunConfig, task: Task, tokenizer) -> Callable[[Any], torch.Tensor]:
+    """``pipeline.encode`` with the run's chat-template setting and tool schemas bound: a problem's prompt ids."""
+    return functools.partial(encode, tokenizer=tokenizer, chat_template=cfg.model.chat_template,
+                             tools=prompt_tools(cfg, task))
 
 
 def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
@@ -96,7 +112,7 @@ def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
         return None
     sampler = "bfloat16" if getattr(r.generator.cfg, "dtype", "model") == "bf16" else cfg.model.dtype
     return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, sampler),
-                     encode(task.train[0], tokenizer, cfg.model.chat_template), tokenizer.pad_token_id)
+                     prompt_encoder(cfg, task, tokenizer)(task.train[0]), tokenizer.pad_token_id)
 
 
 def bind(key: str, spec: Spec, env: BuildEnv) -> Part:
@@ -148,7 +164,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | Non
     e = cfg.eval  # a bad eval.forced_prefix fails here, not at the first eval
     forced_prefix_ids(tokenizer, e.forced_prefix, e.max_completion_tokens or cfg.rollout.max_completion_tokens)
     env = BuildEnv(run=cfg, seed=cfg.seed, task=task, policy=policy, tokenizer=tokenizer, initial_policy=initial,
-                   encode=lambda p: encode(p, tokenizer, cfg.model.chat_template))
+                   encode=prompt_encoder(cfg, task, tokenizer))
     parts: list[Part] = []
 
     def make(key: str, spec: Spec) -> Any:
@@ -184,8 +200,7 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | Non
         advantage=make("advantage", cfg.advantage),
         advantage_transforms=[make(f"advantage_transform{i}", t) for i, t in enumerate(cfg.advantage_transforms)],
         replay=buffer, credit=[make(f"credit{i}", c) for i, c in enumerate(cfg.credit)], teacher=counted,
-        learner=learner,
-        parts=parts, recorder=recorder)
+        learner=learner, parts=parts, prompt_tools=prompt_tools(cfg, task), recorder=recorder)
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe, build)
     if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (loop/lag.py)
         from groupwise.loop.lag import Lag

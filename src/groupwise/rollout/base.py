@@ -26,11 +26,14 @@ class SamplingParams:
 @dataclasses.dataclass
 class Request:
     """One row to generate. ``prefix`` tokens are forced (prefilled) before sampling starts and count
-    toward ``max_tokens``; a row-level ``max_tokens`` overrides the params' cap (per-mode caps)."""
+    toward ``max_tokens``; a row-level ``max_tokens`` overrides the params' cap (per-mode caps). ``problem``: the
+    problem the prompt asks (set by ``sample_groups`` and the eval; a task's environment episodes need it,
+    ``loop/tools.py``); engines ignore it."""
 
     prompt_ids: Tensor  # [P] long
     prefix: tuple[int, ...] = ()
     max_tokens: int | None = None
+    problem: Problem | None = None
 
 
 @runtime_checkable
@@ -127,7 +130,7 @@ class RolloutContext:
         n = n or self.group_size
         prompts = [self.encode(p) for p in problems]
         reqs = [Request(prompts[i], tuple(prefixes[i][j]) if prefixes else (),
-                        max_tokens[i][j] if max_tokens else None)
+                        max_tokens[i][j] if max_tokens else None, problems[i])
                 for i in range(len(problems)) for j in range(n)]
         outs = self.generator.generate(reqs, self.params, self.rng(stage))
         groups = []

@@ -11,11 +11,15 @@ Metrics: ``loss/clip_frac_low`` (A<0, ρ<1−clip_low), ``loss/clip_frac_high`` 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from groupwise.lazy import torch
 from groupwise.losses import LOSSES
 from groupwise.losses.reduce import masked_sum_count
 from groupwise.types import LossInputs, LossTerms
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,16 +35,20 @@ class PPOClipConfig:
 # advantage_only: loss and grad are 0 where A = 0
 @LOSSES.register("ppo_clip", config=PPOClipConfig, advantage_only=True, provides=("policy_gradient",))
 def ppo_clip(inp: LossInputs, cfg: PPOClipConfig) -> LossTerms:
-    log_ratio = inp.logprobs - inp.old_logprobs
-    ratio = torch.exp(log_ratio)
-    adv = inp.advantages
+    ratio = torch.exp(inp.logprobs - inp.old_logprobs)
+    return clipped_surrogate(ratio, inp.advantages, inp.completion_mask, cfg.clip_low, cfg.clip_high)
+
+
+def clipped_surrogate(ratio: Tensor, adv: Tensor, mask: Tensor, clip_low: float, clip_high: float) -> LossTerms:
+    """−min(ρ·A, clip(ρ, 1 − clip_low, 1 + clip_high)·A) per token for any ratio ρ [B, T] (``gspo`` passes the
+    sequence's), with the metrics of the module docstring over the ``mask``ed tokens."""
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high) * adv
+    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
-    m = inp.completion_mask
     with torch.no_grad():
-        low = ((ratio < 1 - cfg.clip_low) & (adv < 0)).float()
-        high = ((ratio > 1 + cfg.clip_high) & (adv > 0)).float()
-        metrics = {"loss/clip_frac_low": masked_sum_count(low, m), "loss/clip_frac_high": masked_sum_count(high, m),
-                   "loss/ratio_mean": masked_sum_count(ratio, m)}
+        low = ((ratio < 1 - clip_low) & (adv < 0)).float()
+        high = ((ratio > 1 + clip_high) & (adv > 0)).float()
+        metrics = {"loss/clip_frac_low": masked_sum_count(low, mask),
+                   "loss/clip_frac_high": masked_sum_count(high, mask),
+                   "loss/ratio_mean": masked_sum_count(ratio, mask)}
     return LossTerms(per_token, metrics)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from groupwise.types import Problem
 
@@ -99,10 +99,42 @@ def check_few_shot(few_shot: FewShot) -> None:
             raise ValueError(f"few_shot.{i}: allowed a [question, worked answer] pair of non-empty strings")
 
 
-def render_prompt(problem: Problem, tokenizer, use_chat_template: bool = True) -> str:
-    """The prompt text fed to the model: the chat template when the tokenizer has one, else plain text."""
+def render_prompt(problem: Problem, tokenizer, use_chat_template: bool = True, tools: list[dict] | None = None) -> str:
+    """The prompt text fed to the model: the chat template when the tokenizer has one (``tools``: the OpenAI-style
+    schemas of the tools it may call, ``rollout.tools.protocol: chat``), else plain text."""
     msgs = problem.prompt if isinstance(problem.prompt, tuple | list) else (
         {"role": "user", "content": problem.prompt},)
     if use_chat_template and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(list(msgs), tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(list(msgs), tools=tools, tokenize=False, add_generation_prompt=True)
     return "\n".join(m["content"] for m in msgs) + "\n"
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One rollout's live environment (``EpisodeTask.open_episode``). ``respond(reply)`` gets the text of each model
+    turn that called no tool and returns the messages the model sees next (``[{"role": "user", "content": ...}]``),
+    or None when the episode is over; ``close(text)`` ends it, told the completion's text (the sample's ``text``), and
+    returns what the sample's ``meta`` keeps of it (the environment's rewards, ...). Both may raise or hang: the
+    multi-turn loop bounds them (``rollout.tools.timeout_s``) and counts them (``tool_errors`` / ``tool_timeouts``),
+    and an episode whose environment failed ends there."""
+
+    def respond(self, reply: str) -> list[dict[str, str]] | None: ...
+
+    def close(self, text: str) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class EpisodeTask(Protocol):
+    """A task whose rollouts are episodes with an environment (an OpenEnv server, a verifiers multi-turn env): the
+    multi-turn loop (``rollout.tools`` with ``protocol: chat``, ``loop/tools.py``) opens one per rollout."""
+
+    def open_episode(self, problem: Problem) -> Episode: ...
+
+
+@runtime_checkable
+class EnvironmentRewards(Protocol):
+    """A task whose environment scores its own episodes (a verifiers rubric, an OpenEnv environment's step rewards):
+    ``episode_rewards(problem, sample)`` gives each of the environment's rewards by name as (score, weight); weight 0
+    marks a metric. It may raise (that sample's failure, counted). The reward term ``environment`` reads it."""
+
+    def episode_rewards(self, problem: Problem, sample: Any) -> dict[str, tuple[float, float]]: ...

@@ -242,7 +242,7 @@ def test_diff_lists_the_dotted_keys_that_differ():
 
 def test_a_section_given_a_scalar_names_its_fields_not_its_class(tmp_path):
     """Issue 47 item 4. Before: 'expected a mapping of ImportanceSamplingConfig fields', a Python class name."""
-    msg = r"loss.importance_sampling: expected a mapping of \{mode, cap\}, got 'token_truncate'; " \
+    msg = r"loss.importance_sampling: expected a mapping of \{mode, cap, clip_min\}, got 'token_truncate'; " \
           r"did you mean loss.importance_sampling.mode=token_truncate\?$"
     with pytest.raises(ConfigError, match=msg):
         load(None, ["loss.importance_sampling=token_truncate"])

@@ -50,7 +50,8 @@ class Scripted:
 
 def loop(script, tool=lambda q: f"hit {q}", **kw):
     inner = Scripted(script)
-    return ToolLoop(inner, tool, TOK, ToolsConfig(**kw)), inner
+    cfg = ToolsConfig(**kw)
+    return ToolLoop(inner, {cfg.tool: tool}, TOK, cfg), inner
 
 
 PROMPT = torch.tensor(TOK.encode("city of Bada?\n", add_special_tokens=False))
@@ -204,5 +205,5 @@ def test_a_tool_stuck_in_c_code_or_exiting_is_killed_counted_and_the_run_goes_on
 def test_groupwises_own_tool_runs_in_threads_by_default():
     from groupwise.standard.search import Search
 
-    assert ToolLoop(Scripted([]), Search.search, TOK, ToolsConfig()).pool is None
-    assert ToolLoop(Scripted([]), Search.search, TOK, ToolsConfig(isolation="process")).pool == []
+    assert ToolLoop(Scripted([]), {"search": Search.search}, TOK, ToolsConfig()).pool is None
+    assert ToolLoop(Scripted([]), {"search": Search.search}, TOK, ToolsConfig(isolation="process")).pool == []

@@ -119,7 +119,7 @@ def test_workers_run_lagged_and_equal_in_process(ray_session, tmp_path):
     assert sum(m["update/grad_norm"] > 0 for m in ref[:-1]) >= 1, "the weights moved: the snapshot changed"
     # the sampler's log-probs of the first step differ in their last bits between the snapshot's generator here
     # and a worker's (mismatch/kl 4.7e-14 against 4.9e-14); tokens, rewards and every other metric are equal
-    mismatch = ("mismatch/kl", "mismatch/is_weight_mean")
+    mismatch = ("mismatch/kl", "mismatch/is_weight_mean", "mismatch/ess")
     assert comparable(got, mismatch) == comparable(ref, mismatch)
     for m, r in zip(got, ref):  # (a step whose rows were all inert logs no mismatch)
         assert m.keys() & set(mismatch) == r.keys() & set(mismatch)

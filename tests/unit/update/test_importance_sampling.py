@@ -8,7 +8,7 @@ import torch
 from test_update import grads_after_step, make_samples
 from torch.testing import assert_close
 
-from groupwise.config import load
+from groupwise.config import ImportanceSamplingConfig, load
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
 
@@ -98,7 +98,7 @@ def test_bad_importance_sampling_config_is_one_line_at_load():
         load(None, ["loss.importance_sampling.cap=1"])
     with pytest.raises(ConfigError, match=r"loss.importance_sampling.mode: 'token_clip' is not allowed; "
                                           r"allowed: none, token_truncate, token_mask, sequence_truncate, "
-                                          r"sequence_mask$"):
+                                          r"sequence_mask, geometric_mask, seq_mask_tis$"):
         load(None, ["loss.importance_sampling.mode=token_clip"])
     with pytest.raises(ConfigError, match=r"^loss.importance_sampling.mode=token_mask: generator 'fake' "
                                           r"returns no sampling log-probs; allowed: mode none, or a "
@@ -107,3 +107,52 @@ def test_bad_importance_sampling_config_is_one_line_at_load():
     assert load(None, ["rollout.generator.name=fake"]).loss.importance_sampling.mode == "none"
     is_cfg = load(None, ["loss.importance_sampling={mode: sequence_mask, cap: 2}"]).loss.importance_sampling
     assert (is_cfg.mode, is_cfg.cap) == ("sequence_mask", 2.0)
+    band = load(None, ["loss.importance_sampling={mode: seq_mask_tis, clip_min: 0.99, cap: 1.01}"])
+    assert band.loss.importance_sampling == ImportanceSamplingConfig(mode="seq_mask_tis", cap=1.01, clip_min=0.99)
+
+
+@pytest.mark.parametrize("override, error", [
+    ("clip_min=1", r"clip_min=1.0: allowed null or in \[0, 1\) \(w = 1 is no mismatch; a bound at or above it "
+                   r"raises or masks matching tokens\)"),
+    ("clip_min=0.5", r"clip_min=0.5: mode none applies no weight; allowed: clip_min null, or a mode other than none"),
+    ("mode=geometric_mask", r"mode=geometric_mask needs the band's lower bound; allowed: clip_min in \[0, 1\) "
+                            r"\(SkyRL 0.99, NeMo-RL 0.999\) with cap \(SkyRL 1.01, NeMo-RL 1.002\)"),
+])
+def test_bad_band_is_one_line_at_load(override, error):
+    with pytest.raises(ConfigError, match=rf"^override 'loss.importance_sampling.{override}': "
+                                          rf"loss.importance_sampling: {error}$"):
+        load(None, [f"loss.importance_sampling.{override}"])
+
+
+@pytest.mark.parametrize("mode", ["geometric_mask", "seq_mask_tis"])
+def test_geometric_modes_through_the_update(tiny_model, tokenizer, mode):
+    """Per-row offsets δ make each row's geometric mean e^δ: row 0's e^0.3 leaves the band [0.9, 1.1], rows 1
+    and 2 stay. The gradient is the weighted objective (−Σ w A ∇logp / tokens, row 0 still in the denominator),
+    and the drop fraction and ESS are the same from one micro-batch as from many."""
+    samples = make_samples(tokenizer, n=3)
+    offsets = [0.3, -0.1, 0.05]
+    with_offsets(tiny_model, samples, tokenizer, offsets)
+    adv = [torch.full((s.length,), a) for s, a in zip(samples, (1.0, -0.5, 2.0))]
+    base = ["optim.grad_clip=0", f"loss.importance_sampling={{mode: {mode}, clip_min: 0.9, cap: 1.1}}"]
+    got, m = grads_after_step(tiny_model, tokenizer, samples, adv, [*base, "optim.micro_batch_tokens=100000"])
+    _, split = grads_after_step(tiny_model, tokenizer, samples, adv, [*base, "optim.micro_batch_tokens=12"])
+    model = copy.deepcopy(tiny_model)
+    packed = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id)
+    logp = completion_logprobs(model, packed).logprobs
+    mask = torch.zeros_like(logp, dtype=torch.bool)
+    a, w = torch.zeros_like(logp), torch.zeros_like(logp)
+    for i, s in enumerate(samples):
+        mask[i, :s.length], a[i, :s.length] = s.loss_mask, adv[i]
+        w[i] = 0.0 if i == 0 else (1.0 if mode == "geometric_mask" else math.exp(offsets[i]))
+    (-(w * a * logp * mask).sum() / mask.sum()).backward()
+    for n, p in model.named_parameters():
+        assert_close(got[n], p.grad, rtol=1e-4, atol=1e-7)
+    assert split["update/micro_batches"] > m["update/micro_batches"] == 1
+    known = [float(s.loss_mask.sum()) for s in samples]
+    weights = [(wi, k) for wi, k in zip(w[:, 0].tolist(), known)]
+    ess = sum(x * k for x, k in weights) ** 2 / (sum(known) * sum(x * x * k for x, k in weights))
+    for metrics in (m, split):
+        assert metrics["mismatch/masked_seq_frac"] == pytest.approx(1 / 3, abs=1e-9)
+        assert metrics["mismatch/clipped_frac"] == pytest.approx(known[0] / sum(known), abs=1e-9)
+        assert metrics["mismatch/ess"] == pytest.approx(ess, abs=1e-6)
+        assert "mismatch/is_weight_sq_mean" not in metrics
