@@ -124,6 +124,10 @@ Running table (updated as runs finish; done / left):
   arm's expectation are EXPECT (written before the arms ran). An eval of 1,000 rows took ~13 min beside another run,
   so a 3,400-row one is ~45 min: a run is ~60 min of training + ~45 min of eval, ~105 min; 3 seeds x 18 arms + GRPO
   seed 2 ~ 96 lane-hours, ~48 h on two lanes (about sixteen 3-hour sessions).
+- DONE 2026-12-07 01:15: ``--calibrate-hdr`` (the rule at HDR_CALIBRATION): tau = 9.2e-4 (median of the age-1
+  drifts 0.0437, 0.0009, 0.0014, 0.0005, 0.0038, 0.0001, 0.0007; age 3+ groups 0.007-0.074); the HDR arm uses it.
+- WRITTEN 2026-12-07 (issue 46, before any run; smoked, the comments at ARMS): the peers' objectives as arms, GSPO,
+  CISPO and GMPO with two passes against ``grpo_2ep`` (CONTROL), MaxRL against GRPO; queued after the sixteen.
 - LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
@@ -216,7 +220,10 @@ ARMS = {
     # step 2 scanned the one stored group: drift D = 1.11 (mean squared log-ratio after ONE step at lr 6e-4; sampler
     # mismatch 0), so tau = 1e-3 admitted nothing: at this lr HDR replays nothing and is GRPO. Calibrate tau on the
     # age-1 drift of a GRPO run before the runs (D shrinks roughly with lr^2: ~0.03 at 1e-4, still >> 1e-3).
-    "hdr": ["replay={name: hdr, capacity: 32, replay_groups: 4, tau: 0.001}"],
+    # Calibrated 2026-12-07 by the rule at HDR_CALIBRATION (``--calibrate-hdr``, lr 2e-4, 10 steps, seed 9): age-1
+    # drift per step 0.0437, 0.0009, 0.0014, 0.0005, 0.0038, 0.0001, 0.0007 (only step 2's group, stored before the
+    # first update, is far), median 9.2e-4, about the paper's 1e-3: at lr 2e-4 the LoRA policy moves ~1e-3 a step.
+    "hdr": ["replay={name: hdr, capacity: 32, replay_groups: 4, tau: 0.0009212}"],
     # naive replay: HDR's store and budget, the 4 most recent stored groups, no ranking, no gate. Smoke: step 2
     # replayed the one mixed group stored at step 1 (8 rows, 29.7% of the update's loss tokens).
     "fifo_replay": ["replay={name: fifo, capacity: 32, replay_groups: 4}"],
@@ -319,6 +326,19 @@ ARMS = {
     # which this driver does not log (its eval is the greedy cascade: eval/cascade_{ab,ba}_acc, eval/solo_{a,b}_acc).
     # Smoke (5.4 GB peak): step 1 drafts 94% correct, challenges 88%, no rival bonus; step 2 56% / 56%, the bonus on
     # 6% of challenges (right where the draft read was wrong).
+    # The peers' objectives (issue 46; not among the sixteen, written 2026-12-07 before any of their runs): each its
+    # recipes/<name>_lab.yaml setting on RECIPE. GSPO, CISPO and GMPO equal ppo_clip's gradient on-policy, so they
+    # take the second pass over the batch their lab recipes take and are paired against grpo_2ep (CONTROL), not GRPO;
+    # GSPO and GMPO with the per-sequence reduction they are defined with (refused otherwise). MaxRL is an advantage:
+    # one pass, against GRPO. Smokes (2026-12-07, 2 steps of 2 prompts x 8; step 1 had one mixed group, step 2 none):
+    # GSPO at its paper's clip (3e-4 / 4e-4 on the sequence ratio) clipped 50% of the step's sequence terms (44% above,
+    # 6% below: after one update at lr 2e-4 a sequence's mean log-ratio is already past 4e-4), grad norm 0.061; CISPO
+    # clipped none (cap 5), 0.087; GMPO clipped 0.1% of tokens (0.4 in log space), 0.080; MaxRL |A| 0.125 (GRPO's
+    # 0.309 on the same group: a 7/8 group's lone failure gets -1, each success 1/7), 0.055.
+    "gspo": ["loss.terms=[gspo]", "loss.reduction=seq_mean_token_mean", "optim.ppo_epochs=2"],
+    "cispo": ["loss.terms=[cispo]", "optim.ppo_epochs=2"],
+    "gmpo": ["loss.terms=[gmpo]", "loss.reduction=seq_mean_token_mean", "optim.ppo_epochs=2"],
+    "maxrl": ["advantage=maxrl"],
     "agon": ["driver={name: agon, mode: competitive, rotate_roles: true, players: lora, rival_weight: 1.0, "
              "summary: running_totals}",
              "reward.terms=[{name: correctness, weight: 2.0}, {name: format, weight: 0.5}]",
@@ -368,6 +388,7 @@ def calibrate_hdr(out_dir: Path) -> float:
 # pass@16 better. Each arm's own number ("tokens_correct": tokens of correct answers; "check": share of answers that
 # write the re-check; "hard": mean@16 at 7-9 terms; "drift": a right total before the re-check, boxed wrong) is read
 # with the same rule.
+# Added 2026-12-07 with the peers' arms, before their runs: an arm in CONTROL is read against its control arm.
 EXPECT = {
     "grpo_2ep": "control for replay (a second pass over the batch): pass@1 BETTER than GRPO (the headroom lab: 0.420 "
                 "against 0.332)",
@@ -397,7 +418,14 @@ EXPECT = {
                   "-0.65 on 16 problems)",
     "graphpo": "tokens_correct lower, pass@1 NO DIFFERENCE (the headroom lab: shorter, accuracy mixed)",
     "agon": "the cascade at least each player alone; each player's greedy NO DIFFERENCE from GRPO's",
+    "gspo": "pass@1 NO DIFFERENCE against grpo_2ep (its claim is stability at scale: long sequences, MoE routing)",
+    "cispo": "pass@1 NO DIFFERENCE against grpo_2ep (its claim: rare tokens whose ratio leaves the trust region keep "
+             "their gradient; with ~0.03 nats/token of entropy few tokens are clipped here)",
+    "gmpo": "pass@1 NO DIFFERENCE against grpo_2ep (its claim is stability: fewer extreme ratios)",
+    "maxrl": "pass@16 and hard BETTER, pass@1 NO DIFFERENCE (it weighs a success by ~1/p: hard problems count more)",
 }
+# The arm each method arm is paired against (same seed) where it is not GRPO.
+CONTROL = {"gspo": "grpo_2ep", "cispo": "grpo_2ep", "gmpo": "grpo_2ep"}
 TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
 
 
@@ -726,10 +754,11 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8. Eval after training: 200 held-out problems x {FINAL_K} at "
              "T = 1 + greedy, the four prompt forms (`plain` held out of training; `train_forms` the other three); "
              "pass@1 = mean@16. Cells: mean ± sd [min, max] over seeds.\n\n", harness.table(rows, keys)]
-    grpo = evals.get("grpo", {})
-    by_seed = {seed_of(d): r for d, r in grpo.items()}
+    by_arm_seed = {arm: {seed_of(d): r for d, r in e.items()} for arm, e in evals.items()}
+    by_seed = by_arm_seed.get("grpo", {})
     lines.append("\nPaired over problems (mean@16 change ± SE; greedy right only in the run / only in the other, "
-                 "McNemar p):\n\n| run | vs step 0 | greedy vs step 0 | vs GRPO, same seed | greedy vs GRPO | s/step |"
+                 "McNemar p); the control is GRPO of the same seed, or the arm's CONTROL (marked *):\n\n| run | vs "
+                 "step 0 | greedy vs step 0 | vs control, same seed | greedy vs control | s/step |"
                  "\n|---|---|---|---|---|---|\n")
     summary: dict[str, list[float]] = defaultdict(list)
     for arm, e in evals.items():
@@ -742,17 +771,20 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
             else:
                 g0 = "-"
             gg = "-"
-            if arm != "grpo" and s in by_seed:
+            control = by_arm_seed.get(CONTROL.get(arm, "grpo"), {})
+            if arm != "grpo" and s in control:
                 check_step0(d, step0_base(d))
-                gain, se, up, down = paired(r, by_seed[s])
+                gain, se, up, down = paired(r, control[s])
                 summary[arm].append(gain)
-                g, gg = f"{gain:+.3f} ± {se:.3f}", f"{up} / {down} ({fmt_p(mcnemar_p(up, down))})"
+                star = "*" if arm in CONTROL else ""
+                g, gg = f"{gain:+.3f} ± {se:.3f}{star}", f"{up} / {down} ({fmt_p(mcnemar_p(up, down))})"
             lines.append(f"| {d.name} | {c0} | {g0} | {g} | {gg} | "
                          f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
     if summary:
-        lines.append("\nMinus GRPO of the same seed (mean@16, paired over problems), over seeds:\n\n| arm | seeds | "
-                     "mean ± sd [min, max] |\n|---|---|---|\n")
-        lines += [f"| {arm} | {len(v)} | {harness.fmt(harness.agg(v))} |\n" for arm, v in summary.items()]
+        lines.append("\nMinus the control of the same seed (mean@16, paired over problems), over seeds:\n\n| arm | "
+                     "control | seeds | mean ± sd [min, max] |\n|---|---|---|---|\n")
+        lines += [f"| {arm} | {CONTROL.get(arm, 'grpo')} | {len(v)} | {harness.fmt(harness.agg(v))} |\n"
+                  for arm, v in summary.items()]
     if curves := {arm: dirs for arm, dirs in runs.items() if arm in BASELINES}:
         lines += ["\nThe baselines' in-run held-out mean@4 (200 problems x 4 + greedy) at every evaluation:\n\n",
                   harness.eval_curve(curves)]

@@ -60,8 +60,9 @@ def test_k0_is_the_synchronous_loop(tmp_path, cache, monkeypatch):
     gold = json.loads(GOLDEN.read_text())
     later = {k for r in got for k in r} - {k for g in gold for k in g} - set(STALENESS)
     # metrics added after the golden: verified weight sync (no sync/probe_dlogp: the shared hf engine is not probed
-    # after a sync), and the components' no-grad policy passes
-    assert later == {"sync/failures", "rollout/policy_forwards", "replay/policy_forwards"}
+    # after a sync), the components' no-grad policy passes, and the IS diagnostics of issue 46 (ESS, sequence drops)
+    assert later == {"sync/failures", "rollout/policy_forwards", "replay/policy_forwards", "mismatch/ess",
+                     "mismatch/masked_seq_frac"}
     assert compare(gold, got, strict=False, tol=ACROSS_MACHINES) == []
 
 
