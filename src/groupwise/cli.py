@@ -231,6 +231,10 @@ def _list(args) -> int:
         plugged = {n: e.origin for n, e in reg.loaded().items() if not e.builtin}
         names = [n + (f" ({plugged[n]})" if n in plugged else "") for n in reg.names()]
         print(f"{kind:20s} {', '.join(names) or '-':60s}  {reg.signature}")
+    if not args.kind or args.kind in "method":  # `method: <name>` in a recipe: every member at once
+        from groupwise.registry import bundles
+
+        print(f"{'method':20s} " + ", ".join(f"{n} ({', '.join(k)})" for n, k in bundles().items()))
     return 0
 
 

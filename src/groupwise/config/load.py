@@ -141,6 +141,10 @@ def load(recipe: str | Path | None = None, overrides: Sequence[str] = (), base: 
         tree = merge(tree, final)
     if "plugins" in tree:
         tree["plugins"] = _import_plugins(tree["plugins"], lines)
+    if "method" in tree:  # a method bundle: its members written into their slots
+        from groupwise.config.methods import expand
+
+        expand(tree, lines)
     cfg = build_section(RunConfig, tree, (), lines)
     check(cfg)
     _check_out_dir(cfg, lines)
