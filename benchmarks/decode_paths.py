@@ -1,7 +1,7 @@
 """Generation throughput of the ``hf`` generator's two decode paths, and the bound the GEMMs set (issue 12).
 
 One invocation, one process, alternating: ``decode: model`` (the model's own forward and ``DynamicCache``) and
-``decode: fused`` (rollout/fused.py) generate the same requests (``--prompts`` x ``--group`` rows, EOS
+``decode: fused`` (standard/fused.py) generate the same requests (``--prompts`` x ``--group`` rows, EOS
 unreachable so every row runs ``--max-tokens`` tokens), then a GEMM-only loop does exactly the decode's
 matrix products (one [rows x E] @ [E x out] per fused projection, the LM head included) with nothing else, and a
 2048^3 ``torch.mm`` probes the fp32 matmul peak. Reported per path: CPU seconds per generate call (median of
@@ -70,11 +70,11 @@ def main() -> None:
         sampler_cost(a.prompts * a.group, a.sampler_cost, a.repeats, a.threads)
         return
 
-    from groupwise.models import base_model
+    from groupwise.adapters import base_model
     from groupwise.models.tiny import build_model, build_tokenizer
     from groupwise.rollout.base import Request, SamplingParams
-    from groupwise.rollout.hf import HFConfig, HFGenerator
-    from groupwise.tasks.lab import Lab, LabConfig
+    from groupwise.standard.hf import HFConfig, HFGenerator
+    from groupwise.standard.lab import Lab, LabConfig
 
     torch.set_num_threads(a.threads)
     if a.recipe:
@@ -176,7 +176,7 @@ def sampler_cost(rows: int, vocab: int, repeats: int, threads: int) -> None:
     blocks of 20 draws, alternating."""
     import torch
 
-    from groupwise.rollout.hf import sample_rows
+    from groupwise.standard.hf import sample_rows
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What the weight-sync check (``rollout.sync_check``, ``rollout/sync_check.py``) sees and costs, on a recipe.
+"""What the weight-sync check (``rollout.sync_check``, ``loop/sync_check.py``) sees and costs, on a recipe.
 
     PYTHONPATH=src python benchmarks/sync_check.py                          # recipes/grpo_lab.yaml, 5 steps
     PYTHONPATH=src python benchmarks/sync_check.py --recipe R --steps N model.device=cuda ...
@@ -19,9 +19,9 @@ import time
 
 from groupwise.config import load
 from groupwise.loop.setup import build
+from groupwise.loop.sync_check import gap, probe
 from groupwise.loop.trainer import rl_step
-from groupwise.rollout.hf import HFConfig, HFGenerator
-from groupwise.rollout.sync_check import gap, probe
+from groupwise.standard.hf import HFConfig, HFGenerator
 
 
 def main() -> None:

@@ -123,17 +123,16 @@ def _use_src() -> None:
 
 def build_task(task: dict, seed: int):
     """The groupwise task a ``task:`` mapping names (the lab by default), built as a run builds it."""
-    from groupwise import catalog
     from groupwise import config as gconfig
     from groupwise.registry import BuildEnv
 
     cfg = gconfig.load(None, (), base={"task": task, "seed": seed})
-    return catalog.build(cfg.task, BuildEnv(run=cfg, seed=seed))
+    return cfg.task.build(BuildEnv(run=cfg, seed=seed))
 
 
 def plan(spec: dict):
     """The task and the problems of each step: exactly what groupwise's ``random`` selector draws."""
-    from groupwise.select.random import RandomSelector
+    from groupwise.standard.random_selector import RandomSelector
 
     task = build_task(spec.get("task", TASK), spec["seed"])
     selector = RandomSelector(task, spec["seed"])
@@ -183,7 +182,7 @@ def make_model_dir(opts: Options, dest: Path) -> dict:
     if opts.warm_start:
         from groupwise.config import ModelConfig
         from groupwise.models.warm_start import ensure_warm_start
-        from groupwise.tasks.lab import Lab, LabConfig
+        from groupwise.standard.lab import Lab, LabConfig
 
         lab = Lab(LabConfig(**{k: v for k, v in TASK.items() if k != "name"}), opts.seed)
         t = time.perf_counter()
@@ -278,8 +277,7 @@ def side_groupwise(spec: dict) -> dict:
     from groupwise.loop.setup import build
     from groupwise.loop.trainer import rl_step
     from groupwise.registry import NoConfig
-    from groupwise.rewards import REWARDS
-    from groupwise.rewards.basic import per_sample
+    from groupwise.rewards import REWARDS, per_sample
 
     reward = "correctness"
     if spec["reward"] == "dense":  # a plug-in reward term, registered the way any user's would be

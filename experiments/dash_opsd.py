@@ -56,7 +56,7 @@ def check_teacher() -> None:
     from groupwise.config import load
     from groupwise.eval import evaluate
     from groupwise.loop.setup import build
-    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+    from groupwise.teachers import PRIVILEGED_CONTEXT, privileged_problem
 
     torch.set_num_threads(1)
     p = build(load(RECIPE, ["trainer.threads=1"]))

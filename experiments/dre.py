@@ -52,8 +52,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
+from groupwise.methods.dre import DREConfig, find_span  # noqa: E402
 from groupwise.models.tiny import build_tokenizer  # noqa: E402
-from groupwise.rollout.dre import DREConfig, find_span  # noqa: E402
 
 RECIPE = "recipes/dre_lab.yaml"
 STEPS, EVAL_EVERY = 40, 20

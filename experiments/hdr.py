@@ -215,13 +215,12 @@ def acceptance(r: list[dict]) -> dict[str, float]:
 def warm_start_dir() -> Path:
     """The recipe's cached warm start (built by phase 2's runs), for the latency runs: the latency knob is part of
     the task config and would otherwise key a second warm start."""
-    from groupwise import catalog
     from groupwise.config import load
     from groupwise.models.warm_start import ensure_warm_start
     from groupwise.registry import BuildEnv
 
     cfg = load(RECIPE)
-    return ensure_warm_start(cfg.model.path.split(":", 1)[1], catalog.build(cfg.task, BuildEnv(run=cfg, seed=0)),
+    return ensure_warm_start(cfg.model.path.split(":", 1)[1], cfg.task.build(BuildEnv(run=cfg, seed=0)),
                              cfg.model)
 
 

@@ -109,14 +109,14 @@ def divergence(p, problems, samples: int, max_tokens: int, clip: float = 0.05, c
     """Per-token teacher/student divergence on the student's own samples: the teacher is the same (frozen) weights
     shown ``context`` (default ``PRIVILEGED_CONTEXT``); mean over completion tokens (EOS included).
     ``divergent_frac``: the share of tokens whose forward KL exceeds 0.1 nats. ``gate_dev_*``: the spread of DASH's
-    gate input g_t = r_t − r̄ (the clipped r_t minus its row's mean, ``losses/dash_opsd.py``): its pooled std and
+    gate input g_t = r_t − r̄ (the clipped r_t minus its row's mean, ``methods/opsd/dash_opsd.py``): its pooled std and
     the 10th / 90th percentiles."""
     import torch
 
     from groupwise.models.forward import completion_logprobs, pack
     from groupwise.rollout.base import Request, SamplingParams
     from groupwise.seeding import stable_seed
-    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+    from groupwise.teachers import PRIVILEGED_CONTEXT, privileged_problem
 
     rng = torch.Generator().manual_seed(stable_seed("headroom-div", 0))
     pad = p.tokenizer.pad_token_id
@@ -276,14 +276,13 @@ def build_warm_start(out_dir: Path, recipe: str = RECIPE, every: int = 50, extra
     ``zero_grad``) and draws no random numbers, so the trained weights are those of an unmonitored build."""
     import torch
 
-    from groupwise import catalog
     from groupwise.config import load
     from groupwise.models import tiny, warm_start
     from groupwise.registry import BuildEnv
 
     torch.set_num_threads(1)
     cfg = load(recipe, list(extra))
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    task = cfg.task.build(BuildEnv(run=cfg, seed=cfg.seed))
     held_out = list(task.test)[:128]
     built: dict = {}
     original = tiny.build_model
@@ -331,7 +330,7 @@ def check(out_dir: Path, recipe: str = RECIPE, limit: int | None = None) -> dict
     from groupwise.config import load
     from groupwise.eval import evaluate, pass_at_k
     from groupwise.loop.setup import build
-    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+    from groupwise.teachers import PRIVILEGED_CONTEXT, privileged_problem
 
     torch.set_num_threads(1)
     res: dict = {}
@@ -385,7 +384,7 @@ def teacher_check(out_dir: Path, recipe: str) -> dict:
     from groupwise.config import load
     from groupwise.eval import evaluate
     from groupwise.loop.setup import build
-    from groupwise.teachers.models import PRIVILEGED_CONTEXT, privileged_problem
+    from groupwise.teachers import PRIVILEGED_CONTEXT, privileged_problem
 
     torch.set_num_threads(1)
     p = build(load(recipe, ["trainer.threads=1"]))

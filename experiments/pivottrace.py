@@ -93,7 +93,7 @@ def calibration_probes(overrides: list[str]):
 
     from groupwise.config import load
     from groupwise.loop.setup import build
-    from groupwise.select.pivottrace import PivotTraceSelector, majority
+    from groupwise.methods.pivottrace.selector import PivotTraceSelector, majority
 
     cfg = load(RECIPE, [*overrides, "trainer.threads=1", "trainer.progress=false"])
     c = build(cfg)
@@ -112,7 +112,7 @@ def calibration(out_dir: Path) -> dict:
     path = out_dir / "calibration.json"
     if path.exists():
         return json.loads(path.read_text())
-    from groupwise.select.pivottrace import auroc, route, spearman
+    from groupwise.methods.pivottrace.selector import auroc, route, spearman
 
     out: dict = {"n_problems": CALIB_POOL, "samples": CALIB_SAMPLES, "buckets": {}}
     rng = random.Random(0)

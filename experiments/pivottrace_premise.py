@@ -70,7 +70,7 @@ def near(positions: list[int], marks: set[int], window: int) -> int:
 
 
 def premise(setting: str, seed: int) -> dict:
-    from groupwise.select.pivottrace import auroc, cue_positions, spearman
+    from groupwise.methods.pivottrace.selector import auroc, cue_positions, spearman
 
     out: dict = {"setting": setting, "seed": seed, "n_problems": CALIB_POOL, "samples": CALIB_SAMPLES,
                  "cue": CUES[setting], "window": WINDOW}

@@ -102,7 +102,7 @@ Running table (updated as runs finish; done / left):
   1e-4; the 6e-4 run was already behind after its first update (step 2: 0.281 against 0.359 and 0.375). The recipe
   now uses 2e-4 (no harm, the larger of the two small gains, neither beyond 2 SE in one seed). Whether GRPO learns
   here (precondition 6) is the 3-seed 60-step baseline's question. The 2e-4 run's eval ran after the sampler change
-  (rollout/hf.py ``sampler: race``, the same law); the others before. Out of memory: two evals at once at 256-row
+  (standard/hf.py ``sampler: race``, the same law); the others before. Out of memory: two evals at once at 256-row
   generation passes (11.4 GB each): the recipe now generates 128 rows a pass.
 - RUNNING (from 2026-12-06 20:15; seed 1 from 20:42): GRPO seeds 0 and 1 at lr 2e-4, 60 steps (checkpoints every 10;
   the harness resumes them).
@@ -274,7 +274,7 @@ ARMS = {
     # RREDCoT (rudder, lambda 0 as the lab): a segment is one running-total sentence (boundary '.'; the re-check is
     # the last one), the thinking span ends at " The final answer is", and V(s_k) = pi_old(gold | the trace to step k
     # + " The final answer is \boxed{") with the answer closed by "}." (the tokens the model writes). Smoke (after
-    # the fix in credit/rredcot.py: an all-correct group had segment advantages of +-1e6, grad norm 3,424 -> 0.0023):
+    # the fix in methods/rredcot.py: an all-correct group had segment advantages of +-1e6, grad norm 3,424 -> 0.0023):
     # 4.5 / 7.0 segments per rollout, 56 / 96 value rows a step. Expect V to track whether the running total
     # written so far equals the answer (the model boxes its last total): in the mixed group "2 + 3 = 5." got -2.48
     # and " 11 + 5 = 16." +2.83 (answer 16), in the step-2 group whose answer is 3 "4 - 1 = 3." got +2.47 in every
@@ -350,7 +350,7 @@ ARMS = {
     #   multi-token mode prefixes in the think_modes builder plus mode-tagged reference traces (NoThink: the boxed
     #   answer alone; Short: the running totals without the re-check; Long: with it) in the task and the warm-up.
     # - FGRPO: every client with its own task settings (the non-IID split, e.g. chains of 2-5 and of 6-9 terms) gets
-    #   its own format warm-up (the warm start's key holds the task config, and drivers/federated.py's
+    #   its own format warm-up (the warm start's key holds the task config, and methods/fgrpo/federated.py's
     #   initial_model_path shares the base task's warm start only for embedded models): ~20 min and ~13 GB peak per
     #   client; and the clients are full pipelines in one process (one pipeline peaks at ~8.4 GB on this recipe),
     #   so four do not fit beside the two lanes of this 24 GB machine.
@@ -604,7 +604,6 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
     if not path.exists():
         import dataclasses
 
-        from groupwise import catalog
         from groupwise.config import load
         from groupwise.eval import evaluate_run
         from groupwise.loop.session import latest_model_dir, run_config
@@ -620,7 +619,7 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
             t = cfg.task
             spec = dataclasses.replace(t, cfg=dataclasses.replace(
                 t.cfg, dataset_args={**t.cfg.dataset_args, **task_args}, test_size=n))
-            problems = catalog.build(spec, BuildEnv(run=cfg, seed=cfg.seed)).test[:n]
+            problems = spec.build(BuildEnv(run=cfg, seed=cfg.seed)).test[:n]
         path.parent.mkdir(parents=True, exist_ok=True)
         chunks = []
         for c, i in enumerate(range(0, len(problems), EVAL_CHUNK)):
@@ -833,12 +832,11 @@ def main() -> None:
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.check:
-        from groupwise import catalog
         from groupwise.config import load
         from groupwise.registry import BuildEnv
 
         cfg = load(RECIPE)
-        tag = check_tag(cfg, catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed)), args.temperature)
+        tag = check_tag(cfg, cfg.task.build(BuildEnv(run=cfg, seed=cfg.seed)), args.temperature)
         res = (json.loads((out_dir / f"preconditions{tag}.json").read_text()) if args.report_only
                else check(out_dir, args.n, args.k, args.teacher_n, args.div_n, args.temperature, args.check_threads))
         print(check_report(res))

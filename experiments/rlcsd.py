@@ -63,7 +63,7 @@ def max_length_drift(run: Path, n: int = 10) -> float:
 
 def filler_share(run: Path, n: int = 10) -> tuple[float, float]:
     """Share of the recorded rollouts with a filler word, over the first and the last ``n`` recorded steps."""
-    from groupwise.tasks.lab import FILLERS
+    from groupwise.standard.lab import FILLERS
 
     steps = [json.loads(x) for x in (run / "rollouts.jsonl").read_text().splitlines() if x.strip()]
 

@@ -48,7 +48,7 @@ ARMS = {
 def first_error(text: str, problem) -> int | None:
     """The 0-based segment of the first wrong step in a lab trace (a step per ``;``, then the commitment), or None
     if the trace cannot be read (no thinking span)."""
-    from groupwise.tasks.lab import _OPS
+    from groupwise.standard.lab import _OPS
 
     m = re.search(r"<think>(.*?)</think>", text, re.S)
     if m is None:
@@ -66,9 +66,9 @@ def check_credit(n_failed: int = 500, n_mc: int = 100, k_mc: int = 16) -> None:
     import torch
 
     from groupwise.config import load
-    from groupwise.credit.rredcot import deltas
     from groupwise.loop.setup import build
-    from groupwise.select.pivottrace import spearman
+    from groupwise.methods.pivottrace.selector import spearman
+    from groupwise.methods.rredcot import deltas
 
     torch.set_num_threads(1)
     cfg = load(RECIPE, ["trainer.threads=1"])

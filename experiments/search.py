@@ -45,13 +45,12 @@ FULL_EVAL_EVERY = 10
 
 
 def warm_start_dir() -> Path:
-    from groupwise import catalog
     from groupwise.config import load
     from groupwise.models.warm_start import ensure_warm_start
     from groupwise.registry import BuildEnv
 
     cfg = load(RECIPE)
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    task = cfg.task.build(BuildEnv(run=cfg, seed=cfg.seed))
     return ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model)
 
 

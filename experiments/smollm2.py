@@ -68,12 +68,11 @@ def kinds() -> dict[str, str]:
     depend on the run seed)."""
     import re
 
-    from groupwise import catalog
     from groupwise.config import load
     from groupwise.registry import BuildEnv
 
     cfg = load(RECIPE)
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    task = cfg.task.build(BuildEnv(run=cfg, seed=0))
     out = {}
     for p in task.test:
         a, op, b = re.search(r"(\d+) ([+-]) (\d+)", p.meta["entry"]["question"]).groups()

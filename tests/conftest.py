@@ -25,6 +25,6 @@ def tiny_model(tokenizer):
 
 @pytest.fixture(scope="session")
 def lab():
-    from groupwise.tasks.lab import Lab, LabConfig
+    from groupwise.standard.lab import Lab, LabConfig
 
     return Lab(LabConfig(test_size=32), seed=0)

@@ -117,7 +117,6 @@ def tool_model_dir(path, recipe=None):
     """A model directory whose tokenizer has ``TOOL_TEMPLATE`` (``model.path`` for ``rollout.tools.protocol=chat``):
     the embedded lab-tiny, random, or ``recipe``'s warm start (a packaged one: copied, not built; the cache is
     ``GROUPWISE_CACHE``)."""
-    from groupwise import catalog
     from groupwise.config import load
     from groupwise.models import tiny
     from groupwise.models.load import load_pretrained, save_model
@@ -126,7 +125,7 @@ def tool_model_dir(path, recipe=None):
 
     if recipe is not None:
         cfg = load(recipe)
-        task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+        task = cfg.task.build(BuildEnv(run=cfg, seed=0))
         model, tok = load_pretrained(ensure_warm_start("lab-tiny", task, cfg.model), "float32", "cpu")
     else:
         tok = tiny.build_tokenizer()

@@ -1,11 +1,13 @@
 """Every built-in component: registered in its kind's form, satisfies its kind's Protocol once built, declares
 exactly the abilities it has, is called by a unit test (the call log of ``tests/member_calls.py``, not a text
-match), and is selected by at least one recipe (which the smoke suite runs)."""
+match; a factory's member is used: a method of what it built is called), and is selected by at least one recipe
+(which the smoke suite runs)."""
 
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import member_calls
@@ -40,27 +42,48 @@ def test_has_a_recipe(kind, entry):
     assert entry.name in SELECTED.get(kind, set()), f"{kind} '{entry.name}': no recipe selects it"
 
 
-def unit_calls(session) -> dict[tuple[str, str], set[str]]:
-    """Which unit test files called each member: this session's log when it ran every unit test file before
-    this test (``member_calls`` runs it last), else a run of tests/unit in a subprocess that writes its log."""
+def unit_calls(session) -> dict[str, dict[tuple[str, str], set[str]]]:
+    """Which unit test files called each member (``calls``) and used what a factory built (``uses``): this
+    session's logs when it ran every unit test file before this test (``member_calls`` runs it last), else a run
+    of tests/unit in a subprocess that writes its logs."""
     unit = {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "unit").rglob("test_*.py")}
     ran = {i.nodeid.split("::", 1)[0] for i in session.items}
     if unit <= ran and not session.config.option.keyword:
-        return member_calls.CALLS
+        return {"calls": member_calls.CALLS, "uses": member_calls.USES}
     log = ROOT / "tests" / ".member_calls.json"
     env = {**os.environ, "GROUPWISE_MEMBER_LOG": str(log)}
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "tests/unit"], cwd=ROOT, env=env, check=True,
                    capture_output=True)
-    calls = {tuple(k.split("\t")): set(v) for k, v in json.loads(log.read_text()).items()}
+    logs = {name: {tuple(k.split("\t")): set(v) for k, v in log_.items()}
+            for name, log_ in json.loads(log.read_text()).items()}
     log.unlink()
-    return calls
+    return logs
+
+
+BUILT_NOT_USED = {"generator 'vllm'"}
+"""Factory members whose built object no unit test uses yet (measured when the use log came in, issue 49; the vLLM
+generator's ``generate`` needs an engine: the vLLM lane runs it, tests/vllm_lane). The list may only shrink: a
+member that gets a unit test that uses it must leave it (the test below fails on a stale name)."""
+
+
+def uncalled(logs: dict[str, dict[tuple[str, str], set[str]]]) -> set[str]:
+    """The members no unit test calls (a factory's member: uses), as ``kind 'name'``."""
+    nothing = {("teacher", "none")}  # builds None: there is nothing to use
+    out = set()
+    for kind, e in BUILTIN:
+        used = e.form == "factory" and (kind, e.name) not in nothing
+        if not any(f.startswith("tests/unit/") for f in logs["uses" if used else "calls"].get((kind, e.name), ())):
+            out.add(f"{kind} '{e.name}'")
+    return out
 
 
 def test_every_member_is_called_by_a_unit_test(request):
-    calls = unit_calls(request.session)
-    missing = [f"{kind} '{e.name}'" for kind, e in BUILTIN
-               if not any(f.startswith("tests/unit/") for f in calls.get((kind, e.name), ()))]
-    assert not missing, f"no unit test calls them (tests/unit): {missing}"
+    """A function member is called; a factory's member is used: a unit test calls a method of what it built (its
+    kind's Protocol: ``score``, ``__call__``, ``sample``, ``next``, ...), since building alone runs none of its
+    behaviour. A member that builds nothing (teacher ``none``) is called."""
+    missing = uncalled(unit_calls(request.session))
+    assert not missing - BUILT_NOT_USED, f"no unit test calls them (tests/unit): {sorted(missing - BUILT_NOT_USED)}"
+    assert not BUILT_NOT_USED - missing, f"used now, take them off BUILT_NOT_USED: {sorted(BUILT_NOT_USED - missing)}"
 
 
 def test_the_call_log_sees_a_call_and_only_a_call():
@@ -76,6 +99,21 @@ def test_the_call_log_sees_a_call_and_only_a_call():
     fn(ScoredBatch([], r, r.bool(), torch.zeros_like(r), torch.ones_like(r, dtype=torch.bool)))
     assert member_calls.CALLS[key] == {"tests/test_registry_complete.py"}
     member_calls.CALLS[key] = before | member_calls.CALLS[key]
+
+
+def test_the_use_log_sees_a_use_and_not_a_build():
+    from groupwise.select import SELECTORS
+    from groupwise.standard.lab import Lab, LabConfig
+
+    key, before = ("selector", "random"), set(member_calls.USES.get(("selector", "random"), ()))
+    member_calls.USES.pop(key, None)
+    entry = SELECTORS.get("random")
+    env = types.SimpleNamespace(task=Lab(LabConfig(), seed=0), seed=0, run=None)
+    selector = entry.build(entry.config(), env)
+    assert key not in member_calls.USES  # built: not a use
+    selector.next(0, 2, None)
+    assert member_calls.USES[key] == {"tests/test_registry_complete.py"}
+    member_calls.USES[key] = before | member_calls.USES[key]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)

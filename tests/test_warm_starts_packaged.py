@@ -8,19 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from groupwise import catalog
 from groupwise.config import load
 from groupwise.log import StorageError
 from groupwise.models import warm_start
 from groupwise.registry import BuildEnv
-from groupwise.tasks.lab import LabConfig
+from groupwise.standard.lab import LabConfig
 
 ROOT = Path(__file__).parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 
 
 def key(cfg):
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+    task = cfg.task.build(BuildEnv(run=cfg, seed=cfg.seed))
     return (f"{cfg.model.path.split(':', 1)[1]}-"
             f"{warm_start.warm_start_key(cfg.model.path.split(':', 1)[1], task, cfg.model)}")
 
@@ -42,7 +41,7 @@ def test_a_packaged_warm_start_is_copied_into_the_cache_not_rebuilt(tmp_path, mo
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path))
     cfg = load(ROOT / "recipes" / "grpo_lab.yaml")
     monkeypatch.setattr(warm_start, "sft", lambda *a, **k: pytest.fail("rebuilt a packaged warm start"))
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    task = cfg.task.build(BuildEnv(run=cfg, seed=0))
     got = warm_start.ensure_warm_start("lab-tiny", task, cfg.model)
     src = warm_start.packaged_root() / got.name
     assert (got / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
@@ -53,7 +52,7 @@ def test_an_unwritable_cache_reads_a_packaged_warm_start_from_the_package(tmp_pa
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "afile" / "cache"))  # cannot be created: a file in the way
     cfg = load(ROOT / "recipes" / "grpo_lab.yaml")
     monkeypatch.setattr(warm_start, "sft", lambda *a, **k: pytest.fail("rebuilt a packaged warm start"))
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    task = cfg.task.build(BuildEnv(run=cfg, seed=0))
     assert warm_start.ensure_warm_start("lab-tiny", task, cfg.model) == warm_start.packaged_root() / key(cfg)
     other = dataclasses.replace(cfg.model, warm_start_steps=7)  # nothing packaged: one line naming the cache
     with pytest.raises(StorageError,

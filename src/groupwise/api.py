@@ -10,8 +10,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from groupwise.registry import ConfigError
-
 if TYPE_CHECKING:
     from groupwise.config import RunConfig
 
@@ -56,10 +54,8 @@ def run(cfg: RunConfig, resume: bool = False, overwrite: bool = False) -> dict[s
     """Train ``cfg`` with the driver it selects (``driver:``, default ``single``)."""
     import os
 
-    from groupwise import catalog
+    from groupwise.config.check import processes
     from groupwise.drivers import DriverRun
 
-    why = catalog.refusal(cfg, "torchrun") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
-    if why:  # several processes are known only when the run starts, not when the recipe loads
-        raise ConfigError(f"driver: {why}")
-    return catalog.build(cfg.driver)(DriverRun(cfg, resume, overwrite))
+    processes(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # known when the run starts, before anything is built
+    return cfg.driver.build()(DriverRun(cfg, resume, overwrite))

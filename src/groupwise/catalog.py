@@ -1,7 +1,8 @@
 """The catalogue of component kinds: every stage package, imported explicitly, and its registry.
 
-Reading this file tells which stages exist; ``groupwise list`` prints them. Importing a stage package imports
-its interface only (Protocol, registry); its members are found in the source (``registry.source_index``) and
+Reading this file tells which stages exist; ``groupwise list`` prints them. A stage package is its interface only
+(Protocol, registry, the helpers its members share); the members live in their methods' rooms (``methods/``) and
+among the standard components (``standard/``), are found in the source (``registry.source_index``) and
 imported when named, plus users' plugins (``plugins.py``: recipe ``plugins:`` and the ``groupwise.plugins``
 entry-point group), which register exactly like built-ins.
 """
@@ -36,17 +37,6 @@ KINDS: dict[str, Registry[Any]] = {r.kind: r for r in (
 def registry(kind: str) -> Registry[Any]:
     plugins.load_entry_points()
     return KINDS[kind]
-
-
-def entry(spec: Any) -> Any:
-    """A config ``Spec``'s registry entry (its member, config class and declared abilities)."""
-    return registry(spec.kind).get(spec.name)
-
-
-def build(spec: Any, env: Any = None) -> Any:
-    """A config ``Spec`` -> the bound component: its entry's ``Entry.build``, the one way every component of every
-    kind is made (``loop/setup.py`` builds a run's; this is for one component on its own, e.g. a task)."""
-    return entry(spec).build(spec.cfg, env)
 
 
 WORKER_KINDS = ("generator", "group builder", "reward")

@@ -227,9 +227,14 @@ def _list(args) -> int:
     for kind in KINDS:
         if args.kind and args.kind not in kind:
             continue
-        reg = registry(kind)
-        names = [e.name + ("" if e.origin.startswith("groupwise.") else f" ({e.origin})") for e in reg.entries()]
+        reg = registry(kind)  # groupwise's own members by name (registry.source_index): none is imported
+        plugged = {n: e.origin for n, e in reg.loaded().items() if not e.builtin}
+        names = [n + (f" ({plugged[n]})" if n in plugged else "") for n in reg.names()]
         print(f"{kind:20s} {', '.join(names) or '-':60s}  {reg.signature}")
+    if not args.kind or args.kind in "method":  # `method: <name>` in a recipe: every member at once
+        from groupwise.registry import bundles
+
+        print(f"{'method':20s} " + ", ".join(f"{n} ({', '.join(k)})" for n, k in bundles().items()))
     return 0
 
 
@@ -329,12 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     from groupwise.models.sources import offline_by_default
 
     offline_by_default()  # the hub only for a hub id in model.path (models/sources.py)
-    from transformers.utils import logging as hf_logging
-
     from groupwise.log import quiet_libraries
 
-    hf_logging.set_verbosity_error()
-    quiet_libraries()
+    quiet_libraries(errors_only=True)
     try:
         return args.fn(args)
     except ConfigError as e:
@@ -344,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ValueError as e:  # a task's data error is the user's to fix, like a config error; others are bugs
-        from groupwise.tasks.jsonl import DataError
+        from groupwise.standard.jsonl import DataError
 
         if not isinstance(e, DataError):
             raise

@@ -270,19 +270,25 @@ def work(n: int) -> Iterator[None]:
         outer(left[0])
 
 
-def quiet_libraries() -> None:
+def quiet_libraries(errors_only: bool = False) -> None:
     """Third-party progress bars off: they draw over the run's own display and fill a piped log with ``\\r``
     frames. The hub's and datasets' through their environment variables (read when they are imported; a value
     the user set is kept) and, where already imported, their switches; transformers' through its switch, and its
     GGUF conversion's ("Converting and de-quantizing GGUF tensors", a plain tqdm bar) made to follow that switch.
-    Imports only what the process has imported (the GGUF module: a part of transformers)."""
+    ``errors_only`` (the command line): transformers logs errors only, through its switch when it is imported,
+    else its ``TRANSFORMERS_VERBOSITY`` (read when it is imported), so a command that never loads a model never
+    imports it. Imports only what the process has imported (the GGUF module: a part of transformers)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     if "datasets" in sys.modules:
         sys.modules["datasets"].disable_progress_bars()
+    if errors_only and "transformers" not in sys.modules:
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
+        if errors_only:
+            hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()  # the hub's too
         with contextlib.suppress(ImportError):
             import transformers.modeling_gguf_pytorch_utils as gguf_utils

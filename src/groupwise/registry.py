@@ -31,6 +31,7 @@ is imported (``plugins.py``), as before.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
 import functools
@@ -226,6 +227,10 @@ class Registry(Generic[T]):
         """Every member's name: registered ones and groupwise's own not imported yet."""
         return sorted({*self._entries, *self._unloaded()})
 
+    def loaded(self) -> dict[str, Entry[T]]:
+        """The members registered so far, by name: plug-ins, and groupwise's own that were imported."""
+        return dict(self._entries)
+
     def entries(self) -> list[Entry[T]]:
         """Every member, each imported."""
         return [self.get(n) for n in self.names()]
@@ -273,3 +278,15 @@ def source_index() -> dict[str, dict[str, str]]:
         if var in kinds:
             out.setdefault(kinds[var], {})[name] = module
     return out
+
+
+def bundles() -> dict[str, dict[str, str]]:
+    """method name -> {kind: the module that registers that member}, for every name that one method room registers
+    in two or more kinds (read from the source: nothing is imported)."""
+    rooms: dict[tuple[str, str], dict[str, str]] = collections.defaultdict(dict)
+    for kind, members in source_index().items():
+        for name, module in members.items():
+            parts = module.split(".")
+            if len(parts) > 2 and parts[1] == "methods":
+                rooms[(parts[2], name)][kind] = module
+    return {name: kinds for (_, name), kinds in sorted(rooms.items()) if len(kinds) >= 2}

@@ -13,10 +13,12 @@ reference), ``teacher.logprobs`` (``TeacherOutput``), and ``logprobs`` (the curr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+from groupwise.lazy import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True)

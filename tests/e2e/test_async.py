@@ -18,9 +18,9 @@ from groupwise.config import load
 from groupwise.loop import lag as lag_mod
 from groupwise.loop.lag import UpdateFailed, trainable
 from groupwise.loop.setup import build
+from groupwise.loop.sync_check import StaleEngineError
 from groupwise.loop.trainer import lagged_step, prepare, train
 from groupwise.registry import ConfigError
-from groupwise.rollout.sync_check import StaleEngineError
 from groupwise.update import Learner
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
@@ -184,7 +184,7 @@ def test_a_hung_background_update_stops_within_the_timeout(tmp_path, cache, monk
 
 def test_a_rollout_that_raises_waits_for_the_running_update(tmp_path, cache, monkeypatch):
     """The rollout run ahead fails while step 1's update runs: the error surfaces after the update joined."""
-    from groupwise.select.random import RandomSelector
+    from groupwise.standard.random_selector import RandomSelector
 
     finished = []
     real_step, real_next = Learner.step, RandomSelector.next

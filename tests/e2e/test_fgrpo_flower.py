@@ -48,7 +48,7 @@ def test_plugins_load_in_the_flower_clients(tmp_path):
     simulation actor in a fresh process, where the run's plug-in files had never been imported)."""
     plugin = tmp_path / "half.py"
     plugin.write_text("from groupwise.registry import NoConfig\nfrom groupwise.rewards import REWARDS\n"
-                      "from groupwise.rewards.basic import per_sample\n\n\n"
+                      "from groupwise.rewards import per_sample\n\n\n"
                       "@REWARDS.register('always_half_flower', config=NoConfig)\n"
                       "def always_half(cfg, env):\n    return per_sample(lambda s, p: 0.5)\n")
     args = [a for a in ARGS if not a.startswith(("reward.terms", "trainer.steps", "trainer.save_every"))]
@@ -61,7 +61,7 @@ def test_plugins_load_in_the_flower_clients(tmp_path):
 
 CONFIGURED = """import dataclasses
 from groupwise.rewards import REWARDS
-from groupwise.rewards.basic import per_sample
+from groupwise.rewards import per_sample
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,7 +93,7 @@ def test_a_plugin_config_class_reaches_the_flower_clients(tmp_path):
 FAULTY = '''import os, time
 from groupwise.registry import NoConfig
 from groupwise.rewards import REWARDS
-from groupwise.rewards.basic import per_sample
+from groupwise.rewards import per_sample
 
 
 def reward(sample, problem):
@@ -154,7 +154,7 @@ def test_a_hung_flower_client_is_found_from_the_measured_replies(tmp_path, monke
     a reply in round 0 (the floor of 120 s is lowered to 1 s so that the test does not wait for it)."""
     import time
 
-    from groupwise.drivers import flower_app
+    from groupwise.methods.fgrpo import flower_app
 
     monkeypatch.setattr(flower_app, "AUTO_MIN_S", 1.0)
     calls, send = [], flower_app.FlowerFederation.send
@@ -218,7 +218,7 @@ def test_ctrl_c_on_a_flower_run_saves_and_exits(tmp_path):
 FAILS_IN_CLIENTS = '''import os
 from groupwise.registry import NoConfig
 from groupwise.rewards import REWARDS
-from groupwise.rewards.basic import per_sample
+from groupwise.rewards import per_sample
 
 
 @REWARDS.register("fails_in_clients", config=NoConfig)

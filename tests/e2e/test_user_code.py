@@ -14,7 +14,7 @@ from groupwise.config import load
 from groupwise.loop.setup import reward_terms
 from groupwise.registry import BuildEnv
 from groupwise.rewards.stage import RewardStage
-from groupwise.tasks.jsonl import JsonlConfig, JsonlTask
+from groupwise.standard.jsonl import JsonlConfig, JsonlTask
 from groupwise.types import Group, Sample
 
 ROOT = Path(__file__).parents[2]

@@ -1,4 +1,4 @@
-"""Agon (drivers/agon.py, rewards/agon.py): the reward ladder, role rotation, the summary, the shared-opponent
+"""Agon (methods/agon.py, rewards/agon.py): the reward ladder, role rotation, the summary, the shared-opponent
 degeneracy, the neutral setting (the drafter's stream is exactly the single driver's GRPO), compute accounting,
 both player layouts, checkpoint / resume of both players, and the load-time refusals."""
 
@@ -10,15 +10,15 @@ import torch
 from torch.testing import assert_close
 
 from groupwise import api
-from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.catalog import support
 from groupwise.config import load
 from groupwise.drivers import DRIVERS
-from groupwise.drivers import agon as ag
 from groupwise.loop.setup import reward_terms
+from groupwise.methods import agon as ag
 from groupwise.registry import BuildEnv, ConfigError
 from groupwise.rewards.stage import RewardStage
-from groupwise.tasks.lab import Lab, LabConfig
+from groupwise.standard.grpo import GRPOConfig, grpo
+from groupwise.standard.lab import Lab, LabConfig
 from groupwise.types import Group, Problem, Sample
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "agon_lab.yaml")

@@ -9,10 +9,10 @@ import pytest
 import support
 import torch
 
-from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.cli import main
 from groupwise.loop.stats import group_metrics
 from groupwise.registry import ConfigError
+from groupwise.standard.grpo import GRPOConfig, grpo
 from groupwise.types import Group, Problem, Sample
 
 

@@ -127,8 +127,9 @@ def test_eval_lines_name_the_step_once(monkeypatch):
     """Issue 47 item 5. Before: '[step_20] step 20: mean@4 ...' (and the same in the federated and agon drivers)."""
     from types import SimpleNamespace as NS
 
-    from groupwise.drivers import agon, federated
     from groupwise.loop import trainer
+    from groupwise.methods import agon
+    from groupwise.methods.fgrpo import federated
 
     notes = []
     session = NS(log_eval=lambda step, tag, metrics, records, note: notes.append(note),

@@ -1,4 +1,4 @@
-"""FGRPO (drivers/fgrpo.py): the aggregation math pinned by hand, the neutral setting (one client, E = 1 equals
+"""FGRPO (methods/fgrpo/driver.py): the aggregation math pinned by hand, the neutral setting (one client, E = 1 equals
 centralised GRPO), load-time errors, a failed client survived and counted, and resume after a kill."""
 
 import dataclasses
@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from groupwise import api
 from groupwise.config import load
-from groupwise.drivers import federated as fgrpo
-from groupwise.drivers.federated import (
+from groupwise.methods.fgrpo import federated as fgrpo
+from groupwise.methods.fgrpo.federated import (
     ClientResult,
     FGRPOConfig,
     ServerState,
@@ -135,7 +135,7 @@ def test_load_errors_are_one_line(overrides, message):
 
 
 def test_the_flower_reply_limit_by_default_comes_from_the_measured_replies():
-    from groupwise.drivers import flower_app
+    from groupwise.methods.fgrpo import flower_app
 
     assert load(RECIPE).driver.cfg.round_timeout_s is None  # unset: derived (was a fixed 3600 s)
     assert flower_app.auto_timeout(None) == 1800.0  # nothing measured yet: the first round, the first eval

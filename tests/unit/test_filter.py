@@ -1,9 +1,9 @@
 import torch
 
 from groupwise.filter import has_variance
-from groupwise.filter.basic import ZeroVarianceConfig, zero_variance
-from groupwise.filter.basic import none as no_filter
 from groupwise.registry import NoConfig
+from groupwise.standard.filters import ZeroVarianceConfig, zero_variance
+from groupwise.standard.filters import none as no_filter
 from groupwise.types import Group, Problem, Sample
 
 

@@ -52,7 +52,7 @@ def test_a_module_plugin_and_load_errors(clean, tmp_path, monkeypatch):
     pkg.write_text(textwrap.dedent('''
         from groupwise.registry import NoConfig
         from groupwise.rewards import REWARDS
-        from groupwise.rewards.basic import per_sample
+        from groupwise.rewards import per_sample
 
         @REWARDS.register("always_half", config=NoConfig)
         def always_half(cfg, env):
@@ -77,7 +77,7 @@ def test_an_installed_entry_point_registers_on_first_use(clean, tmp_path, monkey
     (tmp_path / "gw_test_plugin_ep.py").write_text(textwrap.dedent('''
         from groupwise.registry import NoConfig
         from groupwise.rewards import REWARDS
-        from groupwise.rewards.basic import per_sample
+        from groupwise.rewards import per_sample
 
         @REWARDS.register("from_entry_point", config=NoConfig)
         def from_entry_point(cfg, env):

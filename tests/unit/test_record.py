@@ -168,7 +168,9 @@ def test_build_gives_the_recorder_the_bare_teacher_and_the_resume_step(tmp_path)
                                                     "trainer.record_groups=3", f"out_dir={tmp_path}"])
     p = build(cfg)
     assert p.recorder.n == 3 and p.recorder.teacher is p.teacher.inner
-    assert p.recorder.policy_logprobs == p.policy_logprobs and p.recorder.path == cfg.run_dir / "rollouts.jsonl"
+    passes = p.recorder.policy_logprobs  # the pipeline's own policy pass (Pipeline.policy_logprobs), made with it
+    assert (passes.func, passes.args) == (p.learner.logprobs, (p.policy,))
+    assert p.recorder.trainer_logprobs == p.learner.old_logprobs and p.recorder.path == cfg.run_dir / "rollouts.jsonl"
     with pytest.raises(ValueError, match="record_groups=-1: must be >= 0"):
         load(None, ["trainer.record_groups=-1"])
 

@@ -114,7 +114,7 @@ def test_the_hf_generator_counts_each_completion_when_it_finishes():
 
     from groupwise.loop.pipeline import CountingGenerator
     from groupwise.rollout.base import Request, SamplingParams
-    from groupwise.rollout.hf import HFConfig, HFGenerator
+    from groupwise.standard.hf import HFConfig, HFGenerator
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
@@ -207,7 +207,6 @@ def test_a_gguf_conversion_is_its_own_phase_then_cached_and_silent(tmp_path, mon
 
 
 def test_a_warm_start_build_is_its_own_phase_counting_its_sft_steps(tmp_path, monkeypatch):
-    from groupwise import catalog
     from groupwise.config import load
     from groupwise.models import warm_start
     from groupwise.models.load import load_model
@@ -215,7 +214,7 @@ def test_a_warm_start_build_is_its_own_phase_counting_its_sft_steps(tmp_path, mo
 
     monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))  # empty, and 3 steps: no packaged copy
     cfg = load(None, ["model.warm_start_steps=3"])
-    task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    task = cfg.task.build(BuildEnv(run=cfg, seed=0))
     p, buf = live()
     steps = []
 

@@ -14,10 +14,10 @@ pytest.importorskip("vllm")
 
 from groupwise.config import load  # noqa: E402
 from groupwise.loop.setup import build  # noqa: E402
+from groupwise.loop.sync_check import StaleEngineError  # noqa: E402
 from groupwise.models.forward import completion_logprobs, pack  # noqa: E402
 from groupwise.rollout.base import Request, SamplingParams  # noqa: E402
-from groupwise.rollout.hf import HFConfig, HFGenerator  # noqa: E402
-from groupwise.rollout.sync_check import StaleEngineError  # noqa: E402
+from groupwise.standard.hf import HFConfig, HFGenerator  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

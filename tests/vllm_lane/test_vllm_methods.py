@@ -19,7 +19,7 @@ from support import smoke_token_budget, vllm_lane_recipes  # noqa: E402
 from groupwise.config import load  # noqa: E402
 from groupwise.loop.setup import build  # noqa: E402
 from groupwise.loop.trainer import train  # noqa: E402
-from groupwise.rollout import vllm as gw_vllm  # noqa: E402
+from groupwise.standard import vllm as gw_vllm  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

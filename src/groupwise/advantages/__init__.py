@@ -8,12 +8,14 @@ Padded entries (``batch.mask`` False) must come out 0. A plug-in's output is che
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from torch import Tensor
-
+from groupwise.lazy import torch
 from groupwise.registry import Registry
 from groupwise.types import ScoredBatch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @runtime_checkable
@@ -29,9 +31,9 @@ class AdvantageTransform(Protocol):
 def contract(out: object, batch: ScoredBatch, *_: object) -> str:
     """What is wrong with an advantage (or advantage transform) output for ``batch`` ("" when nothing)."""
     n, g = batch.mask.shape
-    if isinstance(out, Tensor) and out.shape == batch.mask.shape and out.is_floating_point():
+    if isinstance(out, torch.Tensor) and out.shape == batch.mask.shape and out.is_floating_point():
         return ""
-    got = f"shape {tuple(out.shape)} ({out.dtype})" if isinstance(out, Tensor) else f"a {type(out).__name__}"
+    got = f"shape {tuple(out.shape)} ({out.dtype})" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
     return f"returned {got} for {n} groups x {g} samples; the contract is a (groups, group_size) float tensor"
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
+
+from groupwise.lazy import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def group_count(mask: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ from groupwise.registry import ConfigError
 
 def loss_needs(cfg: RunConfig) -> set[str]:
     """What the loss terms with non-zero weight read beyond the policy's log-probs (``registry.NEEDS``)."""
-    return {n for t in cfg.loss.terms if t.weight != 0 for n in registry("loss").get(t.name).needs_of(t.cfg)}
+    return {n for t in cfg.loss.terms if t.weight != 0 for n in t.entry.needs_of(t.cfg)}
 
 
 def check(cfg: RunConfig) -> None:
@@ -25,12 +25,13 @@ def check(cfg: RunConfig) -> None:
             except ValueError as e:
                 raise ConfigError(f"{spec.kind} '{spec.name}': {e}") from None
     _check_abilities(cfg)
+    _check_tools(cfg)
     _check_importance_sampling(cfg)
     if cfg.rollout.max_async_level:
         _check_async(cfg)
     from groupwise.catalog import refusal
 
-    generator = registry("generator").get(cfg.rollout.generator.name)
+    generator = cfg.rollout.generator.entry
     for engine, on in (("vllm", "vllm_engine" in generator.abilities("provides", cfg.rollout.generator.cfg)),
                        ("ray", cfg.rollout.workers > 0), ("async", cfg.rollout.max_async_level > 0)):
         why = refusal(cfg, engine) if on else ""
@@ -54,37 +55,62 @@ def check(cfg: RunConfig) -> None:
 
 
 def slots(cfg: RunConfig) -> list[tuple[str, Spec]]:
-    """Every selected component with its key, in pipeline order; a term with weight 0 is computed and logged
-    but gives nothing to the others, so it is left out."""
-    r = cfg.rollout
-    out = [("task", cfg.task), ("select", cfg.select), ("rollout.generator", r.generator),
-           ("rollout.builder", r.builder), *((f"rollout.transforms.{i}", t) for i, t in enumerate(r.transforms)),
-           *((f"reward.terms.{i}", t) for i, t in enumerate(cfg.reward.terms)), ("filter", cfg.filter),
-           ("replay", cfg.replay), ("advantage", cfg.advantage),
-           *((f"advantage_transforms.{i}", t) for i, t in enumerate(cfg.advantage_transforms)),
-           *((f"credit.{i}", t) for i, t in enumerate(cfg.credit)), ("teacher", cfg.teacher),
-           *((f"loss.terms.{i}", t) for i, t in enumerate(cfg.loss.terms)), ("driver", cfg.driver)]
-    return [(k, s) for k, s in out if s.weight != 0]
+    """The components that give the others what they provide, with their keys (``RunConfig.slots``): a term with
+    weight 0 is computed and logged but gives nothing to the others, so it is left out."""
+    return [(k, s) for k, s in cfg.slots() if s.weight != 0]
 
 
 def _check_abilities(cfg: RunConfig) -> None:
     """Every ability a selected component requires (``Entry.requires``; a loss term's teacher ``needs`` require a
     teacher) is provided by another selected one, and none provides what another ``conflicts`` with."""
-    chosen = [(key, spec, registry(spec.kind).get(spec.name)) for key, spec in slots(cfg)]
+    every = [(key, spec, spec.entry) for key, spec in cfg.slots()]
+    chosen = [(key, spec, e) for key, spec, e in every if spec.weight != 0]  # ``slots``: those that give
     given = {a for _, spec, e in chosen for a in e.abilities("provides", spec.cfg)}
-    for key, spec, entry in chosen:
-        needs = entry.needs_of(spec.cfg) if spec.kind == "loss" else ()
+    for key, spec, entry in every:  # a term with weight 0 is built and computed too: what it requires must exist
+        needs = entry.needs_of(spec.cfg) if spec.kind == "loss" and spec.weight != 0 else ()
         wants = (*entry.abilities("requires", spec.cfg), *(n for n in ("teacher", "teacher_topk") if n in needs),
                  *(("teacher",) if "teacher_vocab" in needs else ()))
         for ability in dict.fromkeys(wants):
             if ability not in given:
                 raise ConfigError(f"{key}: {spec.kind} '{spec.name}' requires {ability!r}, which no selected "
                                   f"component provides; allowed: add {' or '.join(providers(ability))}")
-        for ability in entry.abilities("conflicts", spec.cfg):
+        for ability in entry.abilities("conflicts", spec.cfg) if spec.weight != 0 else ():
             other = [(k, s) for k, s, e in chosen if s is not spec and ability in e.abilities("provides", s.cfg)]
             if other:
                 raise ConfigError(f"{key}: {spec.kind} '{spec.name}' cannot run with {other[0][1].kind} "
                                   f"'{other[0][1].name}' ({other[0][0]}): both {ability!r}; allowed: one of them")
+
+
+def _check_tools(cfg: RunConfig) -> None:
+    """``rollout.tools`` with the text protocol calls one of the task's tools: a task declares each as the ability
+    ``tool:<name>``. The chat protocol's tools (an environment's among them) are known once the task is built:
+    ``loop/tools.py``, ``offered``."""
+    tools = cfg.rollout.tools
+    if tools is None or tools.protocol != "text":
+        return
+    provides = cfg.task.entry.abilities("provides", cfg.task.cfg)
+    have = sorted(a.removeprefix("tool:") for a in provides if a.startswith("tool:"))
+    if tools.tool not in have:
+        what = f"tools {', '.join(have)}" if have else "no tools"
+        raise ConfigError(f"rollout.tools.tool={tools.tool!r}: task '{cfg.task.name}' has {what}; allowed: a tool of "
+                          "the task (task.name=search has 'search')")
+
+
+def processes(cfg: RunConfig, world: int) -> None:
+    """What several training processes (torchrun / accelerate: ``world`` = ``WORLD_SIZE`` > 1) refuse, checked
+    when a run starts and before anything is built (a recipe is loaded in one process too: ``groupwise config``):
+    the driver's ``REFUSES["torchrun"]`` and a vLLM engine (one engine per process is not built)."""
+    if world <= 1:
+        return
+    from groupwise.catalog import refusal
+
+    why = refusal(cfg, "torchrun")
+    if why:
+        raise ConfigError(f"driver: {why}")
+    gen = cfg.rollout.generator
+    if "vllm_engine" in gen.entry.abilities("provides", gen.cfg):
+        raise ConfigError(f"rollout.generator {gen.name} under torchrun / accelerate (several processes) is not "
+                          "built; allowed: one process, or generator hf")
 
 
 def providers(ability: str) -> list[str]:
@@ -113,7 +139,7 @@ def providers(ability: str) -> list[str]:
 def _check_importance_sampling(cfg: RunConfig) -> None:
     """An importance-sampling mode needs a generator whose completions carry its own sampling log-probs."""
     mode, gen = cfg.loss.importance_sampling.mode, cfg.rollout.generator.name
-    if mode != "none" and not registry("generator").get(gen).logprobs:
+    if mode != "none" and not cfg.rollout.generator.entry.logprobs:
         with_logprobs = [n for n in registry("generator").names() if registry("generator").get(n).logprobs]
         raise ConfigError(f"loss.importance_sampling.mode={mode}: generator '{gen}' returns no sampling "
                           "log-probs; allowed: mode none, or a generator that does "
@@ -133,7 +159,7 @@ def _check_workers(cfg: RunConfig) -> None:
     from groupwise.catalog import worker_refusal
 
     for where, spec in slots:
-        why = worker_refusal(registry(spec.kind).get(spec.name))
+        why = worker_refusal(spec.entry)
         if why:
             raise ConfigError(f"{where}: {spec.kind} '{spec.name}' {why}, which would live in a Ray worker; "
                               "allowed with rollout.workers: 0 (its shards then run in this process)")
@@ -145,15 +171,15 @@ def _check_async(cfg: RunConfig) -> None:
     engine (``own_weights``), and nothing in the rollout stage may read the weights being updated
     (``loop/lag.py``). Ray workers hold their own copies and are given the snapshot's."""
     k, gen = cfg.rollout.max_async_level, cfg.rollout.generator.name
-    entry = registry("generator").get(gen)
+    entry = cfg.rollout.generator.entry
     if not (entry.snapshot or entry.own_weights):
         ok = [e.name for e in registry("generator").entries() if e.snapshot or e.own_weights]
         raise ConfigError(f"rollout.max_async_level={k}: generator '{gen}' cannot sample from a weight snapshot; "
                           f"allowed: rollout.max_async_level=0, or generator {' | '.join(ok)}")
     for key, on, why in (
             ("trainer.data_parallel", cfg.trainer.data_parallel == "fsdp", "FSDP gathers weights collectively"),
-            ("teacher", "reads_live_policy" in registry("teacher").get(cfg.teacher.name).abilities(
-                "provides", cfg.teacher.cfg), f"teacher '{cfg.teacher.name}' reads the weights being updated")):
+            ("teacher", "reads_live_policy" in cfg.teacher.entry.abilities("provides", cfg.teacher.cfg),
+             f"teacher '{cfg.teacher.name}' reads the weights being updated")):
         if on:
             raise ConfigError(f"rollout.max_async_level={k}: not built with {key} here ({why}); allowed: "
                               f"rollout.max_async_level=0 with it")

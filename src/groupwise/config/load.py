@@ -12,12 +12,12 @@ from typing import Any
 import yaml
 
 from groupwise.config.check import check
-from groupwise.config.parse import _WEIGHTED, Spec, _build, _dotted, _fail, _Lines
+from groupwise.config.parse import WEIGHTED, Lines, Spec, build_section, dotted_path, fail
 from groupwise.config.schema import RunConfig
 from groupwise.registry import ConfigError
 
 
-def _node_to_obj(node: yaml.Node, path: tuple[str, ...], lines: _Lines, fname: str) -> Any:
+def _node_to_obj(node: yaml.Node, path: tuple[str, ...], lines: Lines, fname: str) -> Any:
     lines.at[path] = f"{fname}:{node.start_mark.line + 1}"
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
@@ -25,7 +25,7 @@ def _node_to_obj(node: yaml.Node, path: tuple[str, ...], lines: _Lines, fname: s
         for k, v in node.value:
             key = str(yaml.safe_load(yaml.serialize(k)))
             if key in first:
-                raise ConfigError(f"{fname}:{k.start_mark.line + 1}: {_dotted((*path, key))}: duplicate key "
+                raise ConfigError(f"{fname}:{k.start_mark.line + 1}: {dotted_path((*path, key))}: duplicate key "
                                   f"(first at {fname}:{first[key]}); allowed: each key once")
             first[key] = k.start_mark.line + 1
             lines.at[(*path, key)] = f"{fname}:{k.start_mark.line + 1}"
@@ -36,7 +36,7 @@ def _node_to_obj(node: yaml.Node, path: tuple[str, ...], lines: _Lines, fname: s
     return yaml.safe_load(yaml.serialize(node))
 
 
-def _read_yaml(path: Path, lines: _Lines) -> dict[str, Any]:
+def _read_yaml(path: Path, lines: Lines) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"recipe {path}: not a file (a directory?); allowed: a YAML file")
     data = path.read_bytes()
@@ -60,7 +60,7 @@ def _read_yaml(path: Path, lines: _Lines) -> dict[str, Any]:
     return obj
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, lines: _Lines, origin: str) -> None:
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, lines: Lines, origin: str) -> None:
     """Set ``a.b.0.c`` in the raw tree; a list the recipe does not spell out (``loss.terms``) starts from the
     schema's default entries, and every node the override creates is attributed to it (for error lines)."""
     keys = dotted.split(".")
@@ -121,7 +121,7 @@ def load(recipe: str | Path | None = None, overrides: Sequence[str] = (), base: 
          final: Mapping[str, Any] | None = None) -> RunConfig:
     """Resolve ``base`` dict <- recipe YAML <- ``key=value`` overrides <- ``final`` dict (the Python API's
     ``reward_funcs``) into a validated RunConfig."""
-    lines = _Lines()
+    lines = Lines()
     tree: dict[str, Any] = dict(base or {})
     if recipe is not None:
         path = Path(recipe)
@@ -141,18 +141,22 @@ def load(recipe: str | Path | None = None, overrides: Sequence[str] = (), base: 
         tree = merge(tree, final)
     if "plugins" in tree:
         tree["plugins"] = _import_plugins(tree["plugins"], lines)
-    cfg = _build(RunConfig, tree, (), lines)
+    if "method" in tree:  # a method bundle: its members written into their slots
+        from groupwise.config.methods import expand
+
+        expand(tree, lines)
+    cfg = build_section(RunConfig, tree, (), lines)
     check(cfg)
     _check_out_dir(cfg, lines)
     return cfg
 
 
-def _import_plugins(raw: Any, lines: _Lines) -> list[str]:
+def _import_plugins(raw: Any, lines: Lines) -> list[str]:
     from groupwise import plugins
 
     refs = [raw] if isinstance(raw, str) else raw
     if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
-        _fail(lines, ("plugins",), f"expected a list of files or modules, got {raw!r}")
+        fail(lines, ("plugins",), f"expected a list of files or modules, got {raw!r}")
     out = []
     for i, ref in enumerate(refs):
         try:
@@ -164,14 +168,14 @@ def _import_plugins(raw: Any, lines: _Lines) -> list[str]:
     return out
 
 
-def _check_out_dir(cfg: RunConfig, lines: _Lines) -> None:
+def _check_out_dir(cfg: RunConfig, lines: Lines) -> None:
     """``<out_dir>/<name>`` must be creatable: its nearest existing ancestor (or itself) is a directory."""
     path = cfg.run_dir
     while not path.exists() and path != path.parent:
         path = path.parent
     if path.exists() and not path.is_dir():
         key = "name" if path == cfg.run_dir else "out_dir"
-        _fail(lines, (key,), f"{getattr(cfg, key)!r}: {path} is a file; allowed: a directory (or a path that "
+        fail(lines, (key,), f"{getattr(cfg, key)!r}: {path} is a file; allowed: a directory (or a path that "
                              "does not exist yet)")
 
 
@@ -180,7 +184,7 @@ def to_dict(obj: Any) -> Any:
     Python API is written as ``module:qualname``)."""
     if isinstance(obj, Spec):
         out: dict[str, Any] = {"name": obj.name}
-        if obj.kind in _WEIGHTED:
+        if obj.kind in WEIGHTED:
             out["weight"] = obj.weight
         out.update(to_dict(obj.cfg) if obj.cfg is not None else {})
         return out

@@ -1,6 +1,8 @@
 """Raw recipe values into typed config objects: ``Spec`` (a selected component), the coercion of every value to
 its field's annotation, and the one-line errors that name the file:line or override, the key and what is
-allowed. The registries are consulted only to find each component's config class."""
+allowed. The registries are consulted only to find each component's config class. ``load.py`` (YAML, overrides)
+and ``schema.py`` (a slot's default) build through the public names here: ``Lines``, ``build_section``,
+``build_spec``, ``fail``, ``dotted_path``, ``WEIGHTED``."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Literal
 
 from groupwise.registry import ConfigError, Registry
 
-_WEIGHTED = {"reward", "loss"}
+WEIGHTED = {"reward", "loss"}
 
 INFINITE = "infinite"
 """Field metadata of a float knob whose documented meaning includes an infinity (``tau: .inf`` = no gate,
@@ -31,15 +33,26 @@ def registry(kind: str) -> Registry[Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """A selected component: its kind, registered name, validated config, and (for terms) its weight."""
+    """A selected component: its kind, registered name, validated config, and (for terms) its weight; ``entry``, its
+    registry entry (the member, its config class and declared abilities), is resolved once, when the spec is made
+    (also by ``dataclasses.replace``), and read by everything after: the load checks, the build, the drivers."""
 
     kind: str
     name: str
     cfg: Any = None
     weight: float = 1.0
+    entry: Any = dataclasses.field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entry", registry(self.kind).get(self.name))
+
+    def build(self, env: Any = None) -> Any:
+        """The bound component: its entry's ``Entry.build`` (a factory's ``factory(cfg, env)``, a function's config
+        bound), the one way every component of every kind is made."""
+        return self.entry.build(self.cfg, env)
 
 
-class _Lines:
+class Lines:
     """Where each key path came from, for error messages."""
 
     def __init__(self) -> None:
@@ -54,15 +67,15 @@ class _Lines:
 
 
 
-def _dotted(path: tuple[str, ...]) -> str:
+def dotted_path(path: tuple[str, ...]) -> str:
     return ".".join(path) or "<root>"
 
 
-def _fail(lines: _Lines, path: tuple[str, ...], msg: str,
+def fail(lines: Lines, path: tuple[str, ...], msg: str,
           at: tuple[str, ...] | None = None) -> typing.NoReturn:
     """Raise ``<file:line or override of at (default path)>: <path>: msg``."""
     where = lines.where(path if at is None else at)
-    raise ConfigError(f"{where + ': ' if where else ''}{_dotted(path)}: {msg}")
+    raise ConfigError(f"{where + ': ' if where else ''}{dotted_path(path)}: {msg}")
 
 
 def _blame(path: tuple[str, ...], raw: Mapping[str, Any], msg: str) -> tuple[str, ...]:
@@ -82,13 +95,13 @@ def _infinite_ok(cls: type, name: str, value: Any) -> bool:
         return False
 
 
-def _build(cls: type, raw: Any, path: tuple[str, ...], lines: _Lines) -> Any:
+def build_section(cls: type, raw: Any, path: tuple[str, ...], lines: Lines) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     if not isinstance(raw, dict):
-        _fail(lines, path, f"expected a mapping of {{{', '.join(fields)}}}, got {raw!r}{_hint(cls, raw, path)}")
+        fail(lines, path, f"expected a mapping of {{{', '.join(fields)}}}, got {raw!r}{_hint(cls, raw, path)}")
     unknown = [k for k in raw if k not in fields]
     if unknown:
-        _fail(lines, (*path, unknown[0]), f"unknown key; allowed: {', '.join(sorted(fields)) or '(none)'}")
+        fail(lines, (*path, unknown[0]), f"unknown key; allowed: {', '.join(sorted(fields)) or '(none)'}")
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
@@ -98,13 +111,13 @@ def _build(cls: type, raw: Any, path: tuple[str, ...], lines: _Lines) -> Any:
         kind = f.metadata.get("kind")
         if kind and f.metadata.get("many"):
             if not isinstance(raw[name], list):
-                _fail(lines, sub, f"expected a list of {kind} entries")
-            kwargs[name] = tuple(_build_spec(kind, r, (*sub, str(i)), lines) for i, r in enumerate(raw[name]))
+                fail(lines, sub, f"expected a list of {kind} entries")
+            kwargs[name] = tuple(build_spec(kind, r, (*sub, str(i)), lines) for i, r in enumerate(raw[name]))
         elif kind:
             value = raw[name]
             if isinstance(value, dict) and "name" not in value:  # refine the default component's knobs
                 value = {"name": f.metadata["default"], **value}
-            kwargs[name] = _build_spec(kind, value, sub, lines)
+            kwargs[name] = build_spec(kind, value, sub, lines)
         elif _infinite_ok(cls, name, raw[name]):
             kwargs[name] = float(raw[name])
         else:
@@ -115,7 +128,7 @@ def _build(cls: type, raw: Any, path: tuple[str, ...], lines: _Lines) -> Any:
         if not path:  # a top-level field: its message already names it
             where = lines.where(_blame(path, raw, str(e)))
             raise ConfigError(f"{where + ': ' if where else ''}{e}") from None
-        _fail(lines, path, str(e), at=_blame(path, raw, str(e)))
+        fail(lines, path, str(e), at=_blame(path, raw, str(e)))
 
 
 def _hint(cls: type, raw: Any, path: tuple[str, ...]) -> str:
@@ -124,32 +137,32 @@ def _hint(cls: type, raw: Any, path: tuple[str, ...]) -> str:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init and typing.get_origin(hints[f.name]) is Literal
              and raw in typing.get_args(hints[f.name])]
-    return f"; did you mean {_dotted((*path, names[0]))}={raw}?" if len(names) == 1 else ""
+    return f"; did you mean {dotted_path((*path, names[0]))}={raw}?" if len(names) == 1 else ""
 
 
-def _build_spec(kind: str, raw: Any, path: tuple[str, ...] | str, lines: _Lines | dict) -> Spec:
+def build_spec(kind: str, raw: Any, path: tuple[str, ...] | str, lines: Lines | dict) -> Spec:
     if isinstance(path, str):  # a default from the schema
-        path, lines = (), _Lines()
-    assert isinstance(lines, _Lines)
+        path, lines = (), Lines()
+    assert isinstance(lines, Lines)
     if isinstance(raw, str):
         raw = {"name": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        _fail(lines, path, f"a {kind} entry needs 'name' (one of: {', '.join(registry(kind).names())})")
+        fail(lines, path, f"a {kind} entry needs 'name' (one of: {', '.join(registry(kind).names())})")
     raw = dict(raw)
     name = raw.pop("name")
     weight = 1.0
-    if kind in _WEIGHTED and "weight" in raw:
+    if kind in WEIGHTED and "weight" in raw:
         weight = _coerce(raw.pop("weight"), float, (*path, "weight"), lines)
     where = lines.where((*path, "name"))
     try:
         entry = registry(kind).get(name)
     except ConfigError as e:
-        raise ConfigError(f"{where + ': ' if where else ''}{_dotted(path)}: {e}") from None
-    cfg = _build(entry.config, raw, path, lines)
-    return Spec(kind, name, cfg, weight)
+        raise ConfigError(f"{where + ': ' if where else ''}{dotted_path(path)}: {e}") from None
+    cfg = build_section(entry.config, raw, path, lines)
+    return Spec(kind, name, cfg, weight)  # its entry is the one looked up here (the registry's)
 
 
-def _coerce(value: Any, tp: Any, path: tuple[str, ...], lines: _Lines) -> Any:
+def _coerce(value: Any, tp: Any, path: tuple[str, ...], lines: Lines) -> Any:
     """``value`` checked against (and converted to) the annotation ``tp``; a mismatch is a one-line error."""
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -158,22 +171,22 @@ def _coerce(value: Any, tp: Any, path: tuple[str, ...], lines: _Lines) -> Any:
         return _coerce_union(value, typing.get_args(tp), tp, path, lines)
     if origin is Literal:
         if value not in typing.get_args(tp):
-            _fail(lines, path, f"{value!r} is not allowed; allowed: {', '.join(map(str, typing.get_args(tp)))}")
+            fail(lines, path, f"{value!r} is not allowed; allowed: {', '.join(map(str, typing.get_args(tp)))}")
         return value
     if origin is tuple:
         return _coerce_tuple(value, typing.get_args(tp), path, lines)
     if origin is dict:
         if not isinstance(value, dict):
-            _fail(lines, path, f"expected a mapping, got {value!r}")
+            fail(lines, path, f"expected a mapping, got {value!r}")
         return {str(k): _coerce(v, typing.get_args(tp)[1], (*path, str(k)), lines) for k, v in value.items()}
     if tp in _SCALARS:
         return _SCALARS[tp](value, path, lines)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path, lines)
-    raise TypeError(f"config type {tp!r} at {_dotted(path)} is not supported")
+        return build_section(tp, value, path, lines)
+    raise TypeError(f"config type {tp!r} at {dotted_path(path)} is not supported")
 
 
-def _coerce_union(value: Any, args: tuple[Any, ...], tp: Any, path: tuple[str, ...], lines: _Lines) -> Any:
+def _coerce_union(value: Any, args: tuple[Any, ...], tp: Any, path: tuple[str, ...], lines: Lines) -> Any:
     if value is None and type(None) in args:
         return None
     real = [a for a in args if a is not type(None)]
@@ -186,28 +199,28 @@ def _coerce_union(value: Any, args: tuple[Any, ...], tp: Any, path: tuple[str, .
             return _coerce(value, a, path, lines)
         except ConfigError:
             pass
-    _fail(lines, path, f"{value!r} is not a valid {tp}")
+    fail(lines, path, f"{value!r} is not a valid {tp}")
 
 
-def _coerce_tuple(value: Any, args: tuple[Any, ...], path: tuple[str, ...], lines: _Lines) -> tuple[Any, ...]:
+def _coerce_tuple(value: Any, args: tuple[Any, ...], path: tuple[str, ...], lines: Lines) -> tuple[Any, ...]:
     if isinstance(value, str | int | float):
         value = [value]
     if not isinstance(value, list | tuple):
-        _fail(lines, path, f"expected a list, got {value!r}")
+        fail(lines, path, f"expected a list, got {value!r}")
     if len(args) == 2 and args[1] is Ellipsis:
         return tuple(_coerce(v, args[0], (*path, str(i)), lines) for i, v in enumerate(value))
     if len(value) != len(args):
-        _fail(lines, path, f"expected {len(args)} items, got {len(value)}")
+        fail(lines, path, f"expected {len(args)} items, got {len(value)}")
     return tuple(_coerce(v, a, (*path, str(i)), lines) for i, (v, a) in enumerate(zip(value, args)))
 
 
-def _coerce_bool(value: Any, path: tuple[str, ...], lines: _Lines) -> bool:
+def _coerce_bool(value: Any, path: tuple[str, ...], lines: Lines) -> bool:
     if isinstance(value, bool):
         return value
-    _fail(lines, path, f"expected true or false, got {value!r}")
+    fail(lines, path, f"expected true or false, got {value!r}")
 
 
-def _coerce_int(value: Any, path: tuple[str, ...], lines: _Lines) -> int:
+def _coerce_int(value: Any, path: tuple[str, ...], lines: Lines) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -217,10 +230,10 @@ def _coerce_int(value: Any, path: tuple[str, ...], lines: _Lines) -> int:
             return int(float(value)) if float(value).is_integer() else int(value)
         except ValueError:
             pass
-    _fail(lines, path, f"expected an integer, got {value!r}")
+    fail(lines, path, f"expected an integer, got {value!r}")
 
 
-def _coerce_float(value: Any, path: tuple[str, ...], lines: _Lines) -> float:
+def _coerce_float(value: Any, path: tuple[str, ...], lines: Lines) -> float:
     """A finite float (``.nan`` / ``.inf`` fail: they pass range checks such as ``lr > 0`` and poison the run;
     the ``INFINITE`` knobs never reach here with an infinity)."""
     out = None
@@ -228,18 +241,18 @@ def _coerce_float(value: Any, path: tuple[str, ...], lines: _Lines) -> float:
         with contextlib.suppress(ValueError, OverflowError):  # OverflowError: an integer beyond float range
             out = float(value)
     if out is None:
-        _fail(lines, path, f"expected a number, got {value!r}")
+        fail(lines, path, f"expected a number, got {value!r}")
     if not math.isfinite(out):
-        _fail(lines, path, f"{value!r} is not allowed; allowed: a finite number")
+        fail(lines, path, f"{value!r} is not allowed; allowed: a finite number")
     return out
 
 
-def _coerce_str(value: Any, path: tuple[str, ...], lines: _Lines) -> str:
+def _coerce_str(value: Any, path: tuple[str, ...], lines: Lines) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
-    _fail(lines, path, f"expected a string, got {value!r}")
+    fail(lines, path, f"expected a string, got {value!r}")
 
 
 _SCALARS = {bool: _coerce_bool, int: _coerce_int, float: _coerce_float, str: _coerce_str}

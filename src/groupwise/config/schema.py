@@ -10,19 +10,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from groupwise.config.parse import Spec, _build_spec
+from groupwise.config.parse import Spec, build_spec
 
 
 def component(kind: str, default: str | Mapping[str, Any]) -> Any:
     raw = {"name": default} if isinstance(default, str) else dict(default)
-    return dataclasses.field(default_factory=lambda: _build_spec(kind, dict(raw), "<default>", {}),
+    return dataclasses.field(default_factory=lambda: build_spec(kind, dict(raw), "<default>", {}),
                              metadata={"kind": kind, "default": raw["name"]})
 
 
 def components(kind: str, default: tuple[str | Mapping[str, Any], ...] = ()) -> Any:
     raws = [{"name": d} if isinstance(d, str) else dict(d) for d in default]
     return dataclasses.field(
-        default_factory=lambda: tuple(_build_spec(kind, dict(r), "<default>", {}) for r in raws),
+        default_factory=lambda: tuple(build_spec(kind, dict(r), "<default>", {}) for r in raws),
         metadata={"kind": kind, "many": True, "default": raws},
     )
 
@@ -37,6 +37,10 @@ def _rules(obj: Any, *rules: tuple[str, Callable[[Any], bool], str]) -> None:
 
 
 def _device_ok(device: str) -> bool:
+    """A device torch accepts: ``cpu``, ``cuda``, ``cuda:<index>`` and ``mps`` are read here, any other string is
+    asked of torch (so reading a recipe on such a device does not import torch)."""
+    if re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        return True
     import torch
 
     try:
@@ -99,14 +103,14 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ToolsConfig:
-    """Multi-turn rollouts with a task's tools or environment (``rollout/tools.py``): the model calls a tool, the
+    """Multi-turn rollouts with a task's tools or environment (``loop/tools.py``): the model calls a tool, the
     result is appended (masked out of the loss), and the model goes on."""
 
     protocol: Literal["text", "chat"] = "text"
     """``text``: the model writes ``<tool>query</tool>`` and gets ``<result>…</result>`` (one tool, ``tool``);
     ``chat``: the tokenizer's chat template carries them, as transformers and TRL do (the tools as OpenAI-style JSON
     schemas in the prompt, the model's own call format, ``tool`` messages; several tools, ``tools``), and a task's
-    environment episodes (OpenEnv, verifiers) reply through it (``rollout/chat_tools.py``)."""
+    environment episodes (OpenEnv, verifiers) reply through it (``loop/chat_tools.py``)."""
     tool: str = "search"
     """``text``: the task's tool (``task.tools[tool]``)."""
     tools: tuple[str, ...] = ()
@@ -172,7 +176,7 @@ class RolloutConfig:
     0: the shards run one after another in this process. At most ``shards``."""
     sync_check: Literal["none", "resync", "error"] = "resync"
     """After every weight sync, a probe checks that the engine (the generator, each Ray worker) samples from the
-    trainer's weights (``rollout/sync_check.py``): ``resync`` counts a stale engine in ``sync/failures``, syncs
+    trainer's weights (``loop/sync_check.py``): ``resync`` counts a stale engine in ``sync/failures``, syncs
     again and stops the run if it is still stale; ``error`` stops the run at once, in one line naming the
     engine; ``none`` checks nothing. Cost: one greedy generate of 32 tokens and one forward per probe; the
     default ``hf`` generator shares the policy's parameters and is probed once, before its first generation."""
@@ -330,8 +334,8 @@ class OptimConfig:
     is still exactly 1 at the first epoch (``old_logprobs`` are that epoch's own detached log-probs, same numerics),
     but the generator's fp32 rollout log-probs now differ from the trainer's: ``mismatch/*`` measures it, and
     ``loss.importance_sampling`` corrects for it (recommended with bf16). The frozen teacher's pass
-    (``teachers/``) stays at the model's dtype. Requires ``model.dtype: float32`` (a 16-bit model has nothing to
-    autocast) and ``trainer.data_parallel: replicate`` (autocast under FSDP2 is not built or tested:
+    (``standard/teachers.py``) stays at the model's dtype. Requires ``model.dtype: float32`` (a 16-bit model has
+    nothing to autocast) and ``trainer.data_parallel: replicate`` (autocast under FSDP2 is not built or tested:
     ``models/fsdp.py`` has no mixed-precision policy); fp16 is not offered (it would need loss scaling)."""
 
     def __post_init__(self) -> None:
@@ -437,11 +441,20 @@ class RunConfig:
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.name
 
+    def slots(self) -> list[tuple[str, Spec]]:
+        """Every selected component with its key, in pipeline order (the one list of the recipe's component
+        slots; terms with weight 0 included)."""
+        r = self.rollout
+        return [("task", self.task), ("select", self.select), ("rollout.generator", r.generator),
+                ("rollout.builder", r.builder), *((f"rollout.transforms.{i}", t) for i, t in enumerate(r.transforms)),
+                *((f"reward.terms.{i}", t) for i, t in enumerate(self.reward.terms)), ("filter", self.filter),
+                ("replay", self.replay), ("advantage", self.advantage),
+                *((f"advantage_transforms.{i}", t) for i, t in enumerate(self.advantage_transforms)),
+                *((f"credit.{i}", t) for i, t in enumerate(self.credit)), ("teacher", self.teacher),
+                *((f"loss.terms.{i}", t) for i, t in enumerate(self.loss.terms)), ("driver", self.driver)]
+
     def specs(self) -> list[Spec]:
         """Every selected component, in pipeline order."""
-        out = [self.task, self.select, self.rollout.generator, self.rollout.builder, *self.rollout.transforms,
-               *self.reward.terms, self.filter, self.replay, self.advantage, *self.advantage_transforms,
-               *self.credit, self.teacher, *self.loss.terms, self.driver]
-        return out
+        return [spec for _, spec in self.slots()]
 
 

@@ -2,7 +2,7 @@
 
 Registry form: ``factory(cfg, env) -> Filter``, called as ``filter(groups, target, refill) -> (groups,
 metrics)`` where ``refill(n)`` builds and scores ``n`` fresh groups (new problems) for dynamic sampling. The
-members are ``basic.py``'s (``none``, ``zero_variance``).
+members are ``standard/filters.py``'s (``none``, ``zero_variance``); ``has_variance`` is the test they share.
 """
 
 from __future__ import annotations

@@ -49,11 +49,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from groupwise.loop.sync_check import stale
 from groupwise.loop.watchdog import WATCHDOG, Watchdog
 from groupwise.loop.workers import InProcess
 from groupwise.parallel import data_parallel
 from groupwise.registry import ConfigError, RunStopped
-from groupwise.rollout.sync_check import stale
 from groupwise.update import NonFiniteWeights
 
 if TYPE_CHECKING:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -16,6 +17,7 @@ from groupwise.credit import Credit
 from groupwise.filter import Filter
 from groupwise.log import Progress, counting, work
 from groupwise.loop.record import Recorder
+from groupwise.loop.sync_check import Probe, SyncCheck, shares
 from groupwise.models import fsdp
 from groupwise.parallel import data_parallel
 from groupwise.registry import Entry
@@ -30,7 +32,6 @@ from groupwise.rollout.base import (
     close,
     release,
 )
-from groupwise.rollout.sync_check import Probe, SyncCheck, shares
 from groupwise.seeding import stable_seed
 from groupwise.select import Selector
 from groupwise.tasks.base import Task, render_prompt
@@ -43,7 +44,7 @@ class CountingGenerator:
     """Wraps a Generator and counts what it does: completion ``tokens``, ``prompt_tokens`` and ``seconds``
     (reset by the driver each step). With a ``check`` (``rollout.sync_check``) it verifies, after every
     ``sync_weights`` and before its first generation, that the engine holds the weights of ``model``
-    (``rollout/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
+    (``loop/sync_check.py``), except after a sync the engine reports shared (it samples from ``model``'s own
     parameters: the ``hf`` generator; ``Generator``) and the claim holds (``sync_check.shares``; a false claim is
     probed as a copy); the last ``probe`` is what a Ray worker sends back (``loop/workers.py``).
     The probe's generation goes to ``engine`` (default ``inner``; under ``rollout.tools``, the engine inside the
@@ -118,6 +119,53 @@ class CountingTeacher:
         return out
 
 
+class Shards(Protocol):
+    """Builds and scores the step's problems, shard by shard, in this process or in Ray actors (``loop/workers.py``:
+    ``InProcess``, ``RayWorkers``); ``draws`` are the step's seed counters."""
+
+    def __call__(self, problems: list[Problem], step: int, draws: dict) -> list[Group]: ...
+
+    def sync_weights(self, policy: torch.nn.Module) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
+class Pending(Protocol):
+    """An update running in the background (``Lagged.start``): ``result()`` joins it and returns its metrics."""
+
+    def result(self) -> dict[str, float]: ...
+
+
+class Lagged(Protocol):
+    """Asynchronous rollouts (``rollout.max_async_level`` > 0; ``loop/lag.py``: ``Lag``): the kept weight versions,
+    the snapshot pipeline (``view``) the rollout stage runs on, and the rollout run ahead (``ahead``)."""
+
+    view: Pipeline
+    mode: str  # the snapshot's check (``rollout.sync_check``)
+    verified: int | None  # the version the snapshot was verified to hold (None: not checked)
+    ahead: Rollout | None
+
+    def keep(self, step: int) -> None: ...
+
+    def at(self, step: int) -> tuple[Pipeline, int]: ...
+
+    def take(self, step: int) -> Rollout | None: ...
+
+    def behaviour(self, tokens: TokenBatch, step: int) -> None: ...
+
+    def start(self, step: int, fn: Callable[[], dict[str, float]]) -> Pending: ...
+
+    def capture(self) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 ROLLOUT_PARTS = ("selector", "builder", "transform", "reward", "filter")
 """Key prefixes of the parts the rollout stage runs; the buffer and the teacher run with the update."""
 
@@ -153,8 +201,8 @@ class Pipeline:
     learner: Learner
     parts: list[Part]
     recorder: Recorder
-    shards: Any = None  # builds and scores the step's rollout shards (``loop/workers.py``)
-    lag: Any = None  # ``lag.Lag`` with rollout.max_async_level > 0: weight versions and the snapshot pipeline
+    shards: Shards | None = None  # builds and scores the step's rollout shards (``loop/workers.py``)
+    lag: Lagged | None = None  # with rollout.max_async_level > 0: weight versions and the snapshot pipeline
     screen: Progress = dataclasses.field(default_factory=lambda: Progress(0, 0, False))  # the run's (its phases)
     prompt_tools: list[dict] | None = None  # tool schemas in every prompt (``rollout.tools.protocol: chat``)
 

@@ -20,19 +20,18 @@ from typing import Any
 
 import torch
 
-from groupwise import catalog
 from groupwise.config import RunConfig, Spec, loss_needs
 from groupwise.eval.evaluate import forced_prefix_ids
 from groupwise.log import Progress, quiet_libraries
 from groupwise.loop import workers
 from groupwise.loop.pipeline import CountingGenerator, CountingTeacher, Part, Pipeline, encode
 from groupwise.loop.record import Recorder
+from groupwise.loop.sync_check import SyncCheck, tolerance
 from groupwise.models import fsdp, lora
 from groupwise.models.load import load_model, load_pretrained
 from groupwise.parallel import data_parallel
 from groupwise.registry import BuildEnv, ConfigError
 from groupwise.rewards.stage import BoundTerm, RewardStage
-from groupwise.rollout.sync_check import SyncCheck, tolerance
 from groupwise.tasks.base import Task
 from groupwise.update import BoundLoss, Learner
 
@@ -77,11 +76,11 @@ def _load_policy(cfg: RunConfig, task: Task, checkpoint: Path | None, screen: Pr
 
 def _generator(cfg: RunConfig, env: BuildEnv, policy: torch.nn.Module, tokenizer) -> CountingGenerator:
     """The run's generator, counted and its weight syncs checked; with ``rollout.tools``, inside the multi-turn
-    tool loop (``rollout/tools.py``; the sync probe goes to the engine inside it)."""
+    tool loop (``loop/tools.py``; the sync probe goes to the engine inside it)."""
     engine = bind("generator", cfg.rollout.generator, env).obj
     generator = engine
     if cfg.rollout.tools is not None:
-        from groupwise.rollout import tools
+        from groupwise.loop import tools
 
         generator = tools.wrap(engine, cfg.rollout.tools, env.task, env.tokenizer, cfg.model.path)
     return CountingGenerator(generator, sync_check(cfg, env.task, tokenizer), cfg.rollout.generator.name, policy,
@@ -92,7 +91,7 @@ def prompt_tools(cfg: RunConfig, task: Task) -> list[dict] | None:
     """The tool schemas rendered into every prompt (``rollout.tools.protocol: chat`` with tools), else None."""
     if cfg.rollout.tools is None or cfg.rollout.tools.protocol != "chat":
         return None
-    from groupwise.rollout import tools
+    from groupwise.loop import tools
 
     return tools.schemas(cfg.rollout.tools, task)
 
@@ -109,7 +108,7 @@ def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
     tolerance's default follows the sampler's precision (``model.dtype``, or bfloat16 for the ``hf`` generator's
     ``dtype: bf16``, whose probe gap is its rounding)."""
     r = cfg.rollout
-    if r.sync_check == "none" or not catalog.entry(r.generator).logprobs:
+    if r.sync_check == "none" or not r.generator.entry.logprobs:
         return None
     sampler = "bfloat16" if getattr(r.generator.cfg, "dtype", "model") == "bf16" else cfg.model.dtype
     return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, sampler),
@@ -120,7 +119,7 @@ def bind(key: str, spec: Spec, env: BuildEnv) -> Part:
     """The one way a config ``Spec`` becomes a component: its registry entry builds it (``Entry.build``: a
     factory's ``factory(cfg, env)``, a function's config bound), kept with its entry (declared abilities) and the
     key a checkpoint stores its state under."""
-    entry = catalog.entry(spec)
+    entry = spec.entry
     return Part(key, entry.build(spec.cfg, env), entry)
 
 
@@ -186,6 +185,11 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | Non
     learner = Learner.from_config(policy, cfg, tokenizer.pad_token_id, loss_terms(cfg.loss.terms, env, parts), ref,
                                   counted)
     resume_step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else None
+    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);
+    # its sampler-trainer gap: the update's π_old, when the generator's log-probs are its sampling distribution's
+    recorder = Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer, task,
+                        resume_step, teacher, functools.partial(learner.logprobs, policy),
+                        learner.old_logprobs if cfg.rollout.generator.entry.logprobs else None)
     rc = cfg.reward
     reward = RewardStage(task, terms, rc.verifier_timeout_s, rc.term_timeout_s, rc.verifier_isolation,
                          rc.fail_fast, rc.worker_memory_mb)
@@ -196,19 +200,12 @@ def build(cfg: RunConfig, checkpoint: Path | None = None, screen: Progress | Non
         advantage=make("advantage", cfg.advantage),
         advantage_transforms=[make(f"advantage_transform{i}", t) for i, t in enumerate(cfg.advantage_transforms)],
         replay=buffer, credit=[make(f"credit{i}", c) for i, c in enumerate(cfg.credit)], teacher=counted,
-        learner=learner, parts=parts, prompt_tools=prompt_tools(cfg, task),
-        recorder=Recorder(cfg.run_dir if io else None, cfg.trainer.record_groups if io else 0, tokenizer, task,
-                          resume_step, teacher))
-    # the recorder's teacher gap: the pipeline's own policy pass, and the bare teacher (uncounted in teacher/*);
-    # its sampler-trainer gap: the update's π_old, when the generator's log-probs are its sampling distribution's
-    pipe.recorder.policy_logprobs = pipe.policy_logprobs
-    if catalog.entry(cfg.rollout.generator).logprobs:
-        pipe.recorder.trainer_logprobs = learner.old_logprobs
+        learner=learner, parts=parts, prompt_tools=prompt_tools(cfg, task), recorder=recorder)
     pipe.shards = workers.InProcess(pipe) if worker or not cfg.rollout.workers else workers.RayWorkers(pipe, build)
     if cfg.rollout.max_async_level and train and not worker:  # rollouts on a weight snapshot (loop/lag.py)
         from groupwise.loop.lag import Lag
 
         # the snapshot's generator is checked against the snapshot (``Lag.at`` syncs it after each copy)
         pipe.lag = Lag(pipe, lambda model: _generator(cfg, dataclasses.replace(env, policy=model), model, tokenizer),
-                       catalog.entry(cfg.rollout.generator).own_weights)
+                       cfg.rollout.generator.entry.own_weights)
     return pipe

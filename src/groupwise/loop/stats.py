@@ -32,7 +32,7 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
         "rollout/samples": float(len(samples)),
         "adv/zero_std_group_frac": statistics.fmean(not has_variance(g) for g in groups),
     }
-    if "tool_calls" in samples[0].meta:  # multi-turn tool episodes (rollout/tools.py): per-rollout means
+    if "tool_calls" in samples[0].meta:  # multi-turn tool episodes (loop/tools.py): per-rollout means
         for key in ("turns", "tool_calls", "tool_errors", "tool_timeouts"):
             m[f"rollout/{key}"] = statistics.fmean(s.meta.get(key, 0) for s in samples)
         m["rollout/tool_token_frac"] = sum(s.meta.get("tool_tokens", 0) for s in samples) / max(sum(lengths), 1)

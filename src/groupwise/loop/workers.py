@@ -31,7 +31,7 @@ several shards an empty one (fewer problems than shards, e.g. a small refill) is
   process) and shut down when training ends, at exit at the latest. In a Ray session the caller started (a
   notebook, the tests) it stays up, and the next run there takes the idle actors over (``prestart``) instead
   of starting new processes.
-- The weights are checked (``rollout.sync_check``, ``rollout/sync_check.py``): after each weight load an actor
+- The weights are checked (``rollout.sync_check``, ``loop/sync_check.py``): after each weight load an actor
   probes its own generator and sends the probe back with every shard; the driver compares it with its policy
   (``RayWorkers._stale``). A stale shard stops the run (``error``) or, with ``resync``, is dropped with its
   seed counters, the weights are sent again and the shard rerun: its samples are those of a good sync.
@@ -54,7 +54,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -63,7 +63,7 @@ from groupwise.types import Group, Problem
 
 if TYPE_CHECKING:
     from groupwise.loop.pipeline import Pipeline
-    from groupwise.rollout.sync_check import Probe
+    from groupwise.loop.sync_check import Probe
 
 MAX_TRIES = 3
 """A shard is run at most this many times (its worker died on every try: the run stops)."""
@@ -71,18 +71,6 @@ DRAIN_S = 60.0
 """When a shard raises, how long the step's other shards are waited for before the run stops (``_drain``)."""
 ENV = ("GROUPWISE_CACHE", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 """The driver's environment a worker must share (the warm-start cache, offline Hub settings)."""
-
-
-class ShardRunner(Protocol):
-    """Builds and scores the step's problems, shard by shard; ``draws`` are the step's seed counters."""
-
-    def __call__(self, problems: list[Problem], step: int, draws: dict) -> list[Group]: ...
-
-    def sync_weights(self, policy: torch.nn.Module) -> None: ...
-
-    def metrics(self) -> dict[str, float]: ...
-
-    def close(self) -> None: ...
 
 
 def deal(items: list[Any], n: int) -> list[list[Any]]:

@@ -43,9 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+from groupwise.lazy import no_grad, torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_mask",
          "seq_mask_tis")
@@ -62,7 +65,7 @@ class Mismatch:
     max_abs_dlogp: float | None
 
 
-@torch.no_grad()
+@no_grad
 def importance_weights(old: Tensor, sampler: Tensor, mask: Tensor, mode: str, cap: float,
                        clip_min: float | None = None) -> tuple[Tensor, Tensor]:
     """(w [B, T], clipped [B, T] bool: outside the band) for ``mode`` (not ``none``); see the module docstring."""
@@ -84,7 +87,7 @@ def importance_weights(old: Tensor, sampler: Tensor, mask: Tensor, mode: str, ca
     return raw.masked_fill(out, 0.0), out & mask
 
 
-@torch.no_grad()
+@no_grad
 def mismatch(old: Tensor, sampler: Tensor, mask: Tensor, mode: str, cap: float,
              clip_min: float | None = None) -> Mismatch:
     """The IS weight for ``mode`` and the mismatch metrics of one micro-batch ([B, T], ``mask`` bool)."""

@@ -12,9 +12,12 @@ no denominator.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+from groupwise.lazy import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,20 +1,4 @@
-"""Models: load any local Hugging Face causal LM, or build the embedded tiny lab model.
-
-This package's own module holds what the stages below the models need to know of one (it imports nothing of
-groupwise): whether a model is a LoRA adapter over a base, and that base.
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def is_lora(model: Any) -> bool:
-    """A peft model: an adapter over a base model (``models/lora.py``)."""
-    return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
-
-
-def base_model(model: Any) -> Any:
-    """The transformers model under a LoRA policy's adapter (its config, forward signature); ``model`` itself
-    otherwise."""
-    return model.get_base_model() if is_lora(model) else model
+"""Models: load any local Hugging Face causal LM (``load.py``, ``sources.py``), or build the embedded tiny lab model
+(``tiny.py``); LoRA adapters (``lora.py``), FSDP sharding (``fsdp.py``), the teacher-forced forward the update,
+teachers and probes share (``forward.py``), warm starts (``warm_start.py``) and exports (``export.py``). What the
+stages below need to know of a model (whether it is a LoRA adapter, and the base under it) is ``adapters.py``."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+from groupwise.adapters import base_model
+from groupwise.lazy import torch
 
-from groupwise.models import base_model
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from groupwise.adapters import base_model, is_lora  # noqa: F401  (lora.base_model, lora.is_lora: also used as such)
 from groupwise.config import LoraConfig
-from groupwise.models import base_model, is_lora  # noqa: F401  (lora.base_model, lora.is_lora: also used as such)
 from groupwise.registry import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"

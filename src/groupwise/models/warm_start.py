@@ -209,7 +209,6 @@ def sft(preset: str, task, cfg: ModelConfig, progress=None, source: Path | None 
 
 def package(recipes: list[str]) -> list[Path]:
     """Build (or reuse from the cache) the warm start of every recipe's setting and copy it into the package."""
-    from groupwise import catalog
     from groupwise.config import load
     from groupwise.registry import BuildEnv
 
@@ -218,7 +217,7 @@ def package(recipes: list[str]) -> list[Path]:
         cfg = load(recipe)
         if not (cfg.model.path.startswith("embedded:") and cfg.model.warm_start and cfg.model.warm_start_steps):
             continue
-        task = catalog.build(cfg.task, BuildEnv(run=cfg, seed=cfg.seed))
+        task = cfg.task.build(BuildEnv(run=cfg, seed=cfg.seed))
         src = ensure_warm_start(cfg.model.path.split(":", 1)[1], task, cfg.model)
         dst = packaged_root() / src.name
         if not (dst / "model.safetensors").is_file():

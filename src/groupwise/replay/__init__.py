@@ -6,12 +6,13 @@ The fresh stream is never changed: a buffer only appends stored groups to the st
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from groupwise.registry import Registry, anything, described, list_of
 from groupwise.types import Group, Replayed
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @runtime_checkable

@@ -26,3 +26,11 @@ class RewardTerm(Protocol):
 
 REWARDS = Registry("reward", RewardTerm, "factory", ("cfg", "env"))
 
+
+def per_sample(fn):
+    """Turn ``fn(sample, problem) -> float`` into a stateless RewardTerm."""
+
+    def term(groups: list[Group], step: int) -> list[list[float]]:
+        return [[float(fn(s, g.problem)) for s in g.samples] for g in groups]
+
+    return term

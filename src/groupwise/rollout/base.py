@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
-from torch import Tensor
-
-from groupwise.models import base_model
+from groupwise.adapters import base_model
+from groupwise.lazy import torch
 from groupwise.types import Completion, Group, Problem, Sample
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Request:
     """One row to generate. ``prefix`` tokens are forced (prefilled) before sampling starts and count
     toward ``max_tokens``; a row-level ``max_tokens`` overrides the params' cap (per-mode caps). ``problem``: the
     problem the prompt asks (set by ``sample_groups`` and the eval; a task's environment episodes need it,
-    ``rollout/tools.py``); engines ignore it."""
+    ``loop/tools.py``); engines ignore it."""
 
     prompt_ids: Tensor  # [P] long
     prefix: tuple[int, ...] = ()
@@ -46,7 +47,7 @@ class Generator(Protocol):
     Identical prompts may share one prefill.
     ``sync_weights`` is called after every optimizer step (a no-op when the generator shares the
     training model's parameters, as the ``hf`` backend does); it returns True only when the engine samples from
-    ``model``'s own parameters, so nothing can go stale and the weight-sync check (``rollout/sync_check.py``)
+    ``model``'s own parameters, so nothing can go stale and the weight-sync check (``loop/sync_check.py``)
     skips its probe; any other return (None) means "probe me": an engine holding a copy must not return True (the
     check verifies the claim, ``sync_check.shares``: the engine's ``model`` holds ``model``'s parameter storage;
     an engine without one, or a false claim, is probed as a copy).
@@ -154,3 +155,28 @@ def to_sample(prompt_ids: Tensor, c: Completion, tokenizer) -> Sample:
     text = tokenizer.decode(c.completion_ids.tolist(), skip_special_tokens=True)
     return Sample(prompt_ids=prompt_ids, completion_ids=c.completion_ids, rollout_logprobs=c.rollout_logprobs,
                   loss_mask=~forced, finish_reason=c.finish_reason, text=text, meta=dict(c.meta))
+
+
+def char_ends(ids: list[int], tokenizer) -> list[int]:
+    """ends[k] = length of the decoded text of ids[:k+1] (the completion text as ``to_sample`` decodes it)."""
+    pieces = [tokenizer.decode([t], skip_special_tokens=True) for t in ids]
+    full = tokenizer.decode(ids, skip_special_tokens=True)
+    if "".join(pieces) == full:  # per-token decoding is exact (character and tag vocabularies)
+        out, n = [], 0
+        for p in pieces:
+            n += len(p)
+            out.append(n)
+        return out
+    return [len(tokenizer.decode(ids[:k + 1], skip_special_tokens=True)) for k in range(len(ids))]
+
+
+def token_index(ends: list[int], char: int) -> int | None:
+    """The number of tokens whose text ends exactly at ``char`` (None if ``char`` is inside a token)."""
+    if char == 0:
+        return 0
+    for k, e in enumerate(ends):
+        if e == char:
+            return k + 1
+        if e > char:
+            return None
+    return None

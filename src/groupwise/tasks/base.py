@@ -126,7 +126,7 @@ class Episode(Protocol):
 @runtime_checkable
 class EpisodeTask(Protocol):
     """A task whose rollouts are episodes with an environment (an OpenEnv server, a verifiers multi-turn env): the
-    multi-turn loop (``rollout.tools`` with ``protocol: chat``, ``rollout/tools.py``) opens one per rollout."""
+    multi-turn loop (``rollout.tools`` with ``protocol: chat``, ``loop/tools.py``) opens one per rollout."""
 
     def open_episode(self, problem: Problem) -> Episode: ...
 

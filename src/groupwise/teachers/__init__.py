@@ -4,12 +4,13 @@ Registry form: ``factory(cfg, env) -> Teacher | None`` (``none``, the default, b
 nothing). The update asks the teacher, per micro-batch and only when a loss term with non-zero weight
 declares ``needs`` ``teacher`` / ``teacher_topk`` / ``teacher_vocab``, for a ``TeacherOutput`` (types.py),
 and places it in ``LossInputs.teacher``; ``on_step(step, policy)`` runs after every update (an EMA teacher
-moves there). Teacher forward passes are counted in ``teacher/*`` metrics. Kinds: ``teachers/models.py``.
+moves there). Teacher forward passes are counted in ``teacher/*`` metrics. Kinds: ``standard/teachers.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import string
 from typing import Any, Protocol, runtime_checkable
 
 from groupwise.registry import Registry, anything, described
@@ -29,6 +30,23 @@ def privileged_problem(problem: Problem, template: str) -> Problem:
     rendered = template.format(prompt=text, reference=problem.reference, answer=problem.answer)
     prompt = (*msgs[:-1], {**msgs[-1], "content": rendered}) if msgs else rendered
     return dataclasses.replace(problem, prompt=prompt)
+
+
+FIELDS = ("prompt", "reference", "answer")
+"""The fields a teacher's ``context`` template may name."""
+
+
+def check_template(template: str) -> None:
+    """Refuse a context template that is not a ``str.format`` template over ``FIELDS`` (at load: a teacher's and
+    RLCSD's hinted contexts)."""
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"context={template!r}: not a valid template ({e})") from None
+    bad = [n for n in names if n not in FIELDS]
+    if bad:
+        raise ValueError(f"context={template!r}: unknown field {{{bad[0]}}}; allowed: "
+                         + ", ".join("{" + f + "}" for f in FIELDS))
 
 
 @dataclasses.dataclass(frozen=True)

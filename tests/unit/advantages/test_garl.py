@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from groupwise.advantages.garl import GARLConfig, amplification, garl, ln_q
-from groupwise.advantages.grpo import GRPOConfig, grpo, rloo
 from groupwise.config import load
+from groupwise.methods.garl.advantage import GARLConfig, amplification, garl, ln_q
 from groupwise.registry import ConfigError, NoConfig
+from groupwise.standard.grpo import GRPOConfig, grpo, rloo
 from groupwise.types import Group, Problem, Sample, ScoredBatch, TokenBatch
 
 

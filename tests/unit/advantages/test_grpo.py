@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from groupwise.advantages.grpo import GRPOConfig, dr_grpo, grpo, rloo
 from groupwise.registry import NoConfig
+from groupwise.standard.grpo import GRPOConfig, dr_grpo, grpo, rloo
 from groupwise.types import ScoredBatch
 
 

@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from groupwise.advantages.grpo import rloo
-from groupwise.advantages.lampo import LamPOConfig, lampo, sequence_scores
 from groupwise.config import load
+from groupwise.methods.lampo.advantage import LamPOConfig, lampo, sequence_scores
 from groupwise.registry import ConfigError, NoConfig
+from groupwise.standard.grpo import rloo
 from groupwise.types import Group, Problem, Sample, ScoredBatch
 
 

@@ -4,9 +4,9 @@ import torch
 from test_grpo import batch
 from torch.testing import assert_close
 
-from groupwise.advantages.grpo import dr_grpo
-from groupwise.advantages.maxrl import maxrl
 from groupwise.registry import NoConfig
+from groupwise.standard.grpo import dr_grpo
+from groupwise.standard.maxrl import maxrl
 
 
 def test_maxrl_pinned_by_hand():

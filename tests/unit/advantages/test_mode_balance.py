@@ -3,9 +3,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from groupwise.advantages.grpo import dr_grpo
-from groupwise.advantages.mode_balance import ModeBalanceConfig, mode_balance
+from groupwise.methods.think_modes.mode_balance import ModeBalanceConfig, mode_balance
 from groupwise.registry import NoConfig
+from groupwise.standard.grpo import dr_grpo
 from groupwise.types import Group, Problem, Sample, ScoredBatch
 
 MODES = ["<NT>", "<SH>", "<LG>"]

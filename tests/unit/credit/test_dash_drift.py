@@ -5,7 +5,7 @@ import torch
 from support import reward_stage, rows
 
 from groupwise.config import load
-from groupwise.credit.dash_drift import (
+from groupwise.methods.dash_drift import (
     DASHDriftConfig,
     DriftMarksConfig,
     dash_drift,
@@ -14,8 +14,8 @@ from groupwise.credit.dash_drift import (
 )
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
-from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.seeding import stable_seed
+from groupwise.standard.fake import FakeConfig, FakeGenerator
 
 CFG = DASHDriftConfig()
 

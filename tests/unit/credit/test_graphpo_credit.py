@@ -5,7 +5,7 @@ import torch
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.credit.graphpo import GraphPOCreditConfig, edge_advantages, graphpo, standardise, values
+from groupwise.methods.graphpo.credit import GraphPOCreditConfig, edge_advantages, graphpo, standardise, values
 from groupwise.registry import ConfigError
 from groupwise.types import Group, Problem, Sample, TokenBatch
 
@@ -108,7 +108,7 @@ def chains(rewards):
 
 
 def test_neutral_chains_give_the_grpo_sequence_advantage_exactly():
-    from groupwise.advantages.grpo import GRPOConfig, grpo
+    from groupwise.standard.grpo import GRPOConfig, grpo
     from groupwise.types import ScoredBatch
 
     lists, groups = [], []

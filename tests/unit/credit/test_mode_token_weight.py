@@ -5,7 +5,7 @@ import torch
 from support import rows
 
 from groupwise.config import load
-from groupwise.credit.mode_token_weight import ModeTokenWeightConfig, mode_token_weight
+from groupwise.methods.think_modes.mode_token_weight import ModeTokenWeightConfig, mode_token_weight
 from groupwise.registry import ConfigError
 from groupwise.types import Sample
 

@@ -7,12 +7,12 @@ import torch
 from support import reward_stage, rows
 
 from groupwise.config import load
-from groupwise.credit.rlcsd import RLCSDConfig, RLCSDHintsConfig, contrast, modulate, rlcsd, rlcsd_hints
+from groupwise.methods.rlcsd import RLCSDConfig, RLCSDHintsConfig, contrast, modulate, rlcsd, rlcsd_hints
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
-from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.seeding import stable_seed
+from groupwise.standard.fake import FakeConfig, FakeGenerator
 from groupwise.types import Sample
 
 CFG = RLCSDConfig()

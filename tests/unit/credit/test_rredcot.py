@@ -6,7 +6,7 @@ import torch
 from support import reward_stage, rows
 
 from groupwise.config import load
-from groupwise.credit.rredcot import (
+from groupwise.methods.rredcot import (
     RREDCoTConfig,
     RREDValuesConfig,
     boundaries,
@@ -18,8 +18,8 @@ from groupwise.credit.rredcot import (
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
-from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.seeding import stable_seed
+from groupwise.standard.fake import FakeConfig, FakeGenerator
 from groupwise.types import Sample
 
 

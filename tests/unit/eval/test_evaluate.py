@@ -11,8 +11,8 @@ from groupwise.config import load
 from groupwise.eval.evaluate import evaluate
 from groupwise.loop.setup import build
 from groupwise.registry import ConfigError
-from groupwise.rollout.fake import FakeConfig, FakeGenerator
-from groupwise.tasks.lab import Lab, LabConfig
+from groupwise.standard.fake import FakeConfig, FakeGenerator
+from groupwise.standard.lab import Lab, LabConfig
 
 ROOT = Path(__file__).parents[3]
 COMPLETION = "<think>1+1=2</think><answer>2</answer>"

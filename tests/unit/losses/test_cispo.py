@@ -8,10 +8,10 @@ from test_gspo import assert_same_loss_and_gradient, assert_trl_still_has, batch
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.losses.cispo import CISPOConfig, cispo
-from groupwise.losses.ppo_clip import PPOClipConfig, ppo_clip
 from groupwise.losses.reduce import Normalizer, reduce
 from groupwise.registry import ConfigError
+from groupwise.standard.cispo import CISPOConfig, cispo
+from groupwise.standard.ppo_clip import PPOClipConfig, ppo_clip
 from groupwise.types import LossInputs
 
 E = math.exp

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from groupwise.losses.dash_opsd import DASHConfig, dash_opsd, gates, horizon_weights
-from groupwise.losses.opsd import OPSDConfig, opsd
+from groupwise.methods.opsd.dash_opsd import DASHConfig, dash_opsd, gates, horizon_weights
+from groupwise.methods.opsd.loss import OPSDConfig, opsd
 from groupwise.types import LossInputs, TeacherOutput
 
 

@@ -7,7 +7,7 @@ from support import rows
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.losses.distil import (
+from groupwise.methods.distil import (
     DistILConfig,
     DistILCostConfig,
     DistILLossConfig,
@@ -20,7 +20,7 @@ from groupwise.losses.distil import (
 )
 from groupwise.registry import ConfigError
 from groupwise.rollout import TRANSFORMS
-from groupwise.teachers.models import topk_support
+from groupwise.standard.teachers import topk_support
 from groupwise.types import Group, LossInputs, Problem, Sample, TeacherOutput
 
 
@@ -180,8 +180,8 @@ def test_invalid_settings_are_load_time_errors():
                        match=r"credit 'distil' requires 'distil_costs'.*allowed: add group transform 'distil'"):
         load(None, ["credit=[distil]", "loss.terms=[ppo_clip, distil]", "teacher=frozen"])
     with pytest.raises(ConfigError,
-                       match=r"credit 'distil' requires 'policy_gradient'.*allowed: add .*loss 'paft' or "
-                             r".*loss 'ppo_clip'"):
+                       match=r"credit 'distil' requires 'policy_gradient'.*allowed: add .*loss 'paft'.*"
+                             r"loss 'ppo_clip'"):
         load(None, ["credit=[distil]", "rollout.transforms=[distil]", "loss.terms=[distil]", "teacher=frozen"])
     with pytest.raises(ConfigError, match=r"rollout.transforms.0: group transform 'distil' requires 'teacher'"):
         load(None, ["rollout.transforms=[distil]"])

@@ -8,9 +8,9 @@ from test_gspo import assert_same_loss_and_gradient, assert_trl_still_has, batch
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.losses.gmpo import GMPOConfig, gmpo
-from groupwise.losses.gspo import GSPOConfig, gspo
 from groupwise.registry import ConfigError
+from groupwise.standard.gmpo import GMPOConfig, gmpo
+from groupwise.standard.gspo import GSPOConfig, gspo
 from groupwise.types import LossInputs
 
 E = math.exp

@@ -10,10 +10,10 @@ import torch
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.losses.gspo import GSPOConfig, gspo
-from groupwise.losses.ppo_clip import PPOClipConfig, ppo_clip
 from groupwise.losses.reduce import Normalizer, reduce
 from groupwise.registry import ConfigError
+from groupwise.standard.gspo import GSPOConfig, gspo
+from groupwise.standard.ppo_clip import PPOClipConfig, ppo_clip
 from groupwise.types import LossInputs
 
 E = math.exp

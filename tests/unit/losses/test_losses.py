@@ -3,9 +3,9 @@ import math
 import torch
 from torch.testing import assert_close
 
-from groupwise.losses.kl import KLConfig, kl
-from groupwise.losses.ppo_clip import PPOClipConfig, ppo_clip
 from groupwise.losses.reduce import Normalizer, reduce
+from groupwise.standard.kl import KLConfig, kl
+from groupwise.standard.ppo_clip import PPOClipConfig, ppo_clip
 from groupwise.types import LossInputs
 
 

@@ -6,9 +6,9 @@ from torch.testing import assert_close
 
 from groupwise.config import load
 from groupwise.losses import LOSSES
-from groupwise.losses.opsd import OPSDConfig, entry_divergence, opsd
+from groupwise.methods.opsd.loss import OPSDConfig, entry_divergence, opsd
 from groupwise.registry import ConfigError
-from groupwise.teachers.models import topk_support
+from groupwise.standard.teachers import topk_support
 from groupwise.types import LossInputs, TeacherOutput
 
 P, Q = [0.5, 0.5], [0.9, 0.1]  # student, teacher over a two-token vocabulary
@@ -109,8 +109,8 @@ def test_through_the_learner_a_teacher_equal_to_the_student_gives_zero_loss(tiny
 
     from groupwise.loop.pipeline import CountingTeacher, encode
     from groupwise.registry import BuildEnv
+    from groupwise.standard.teachers import TeacherConfig
     from groupwise.teachers import TEACHERS
-    from groupwise.teachers.models import TeacherConfig
     from groupwise.types import Problem, Sample
 
     model = copy.deepcopy(tiny_model)

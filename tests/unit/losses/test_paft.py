@@ -6,10 +6,10 @@ import support
 import torch
 from torch.testing import assert_close
 
-from groupwise.advantages.garl import GARLConfig, PAFTConfig, garl
-from groupwise.advantages.garl import paft as paft_weights
 from groupwise.config import load
-from groupwise.losses.paft import PAFTLossConfig, paft
+from groupwise.methods.garl.advantage import GARLConfig, PAFTConfig, garl
+from groupwise.methods.garl.advantage import paft as paft_weights
+from groupwise.methods.garl.loss import PAFTLossConfig, paft
 from groupwise.registry import ConfigError
 from groupwise.types import Group, LossInputs, Problem, Sample, ScoredBatch, TokenBatch
 

@@ -18,7 +18,7 @@ from groupwise.models.forward import (
     shared_prefix_logprobs,
 )
 from groupwise.rollout.base import Request, SamplingParams
-from groupwise.rollout.hf import HFConfig, HFGenerator
+from groupwise.standard.hf import HFConfig, HFGenerator
 
 # initializer_range 0.3: a random model's attention is sharp enough that a wrongly masked or misplaced key
 # moves the log-probs far beyond the tolerance (at 0.02 it would not, and the comparison could not fail)

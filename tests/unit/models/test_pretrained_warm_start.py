@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-from groupwise import catalog
 from groupwise.config import load
 from groupwise.models import lora, warm_start
 from groupwise.models.forward import completion_logprobs, pack
@@ -26,7 +25,7 @@ def base_dir(tiny_qwen, tmp_path, monkeypatch):
 def setup(base_dir, *overrides):
     cfg = load(None, [f"model.path={base_dir}", "model.lora={r: 4}", "model.warm_start_steps=30",
                       "model.warm_start_batch=8", "model.warm_start_lr=1e-2", *overrides])
-    return cfg, catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    return cfg, cfg.task.build(BuildEnv(run=cfg, seed=0))
 
 
 def sft_loss(model, tok, task) -> float:

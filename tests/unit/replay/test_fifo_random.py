@@ -7,8 +7,8 @@ from replay_fixtures import Ctx, add, group, mixed_group, replayed_groups, sampl
 from torch.testing import assert_close
 
 from groupwise.config import load
+from groupwise.methods.hdr.store import SimpleReplay, StoreConfig
 from groupwise.replay import BUFFERS
-from groupwise.replay.basic import SimpleReplay, StoreConfig
 
 
 def fifo(**kw) -> SimpleReplay:

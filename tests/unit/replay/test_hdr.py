@@ -22,8 +22,7 @@ from torch.testing import assert_close
 
 from groupwise.config import load
 from groupwise.loop.trainer import rl_step
-from groupwise.registry import ConfigError
-from groupwise.replay.hdr import (
+from groupwise.methods.hdr.buffer import (
     HDR,
     HDRConfig,
     group_drift,
@@ -31,6 +30,7 @@ from groupwise.replay.hdr import (
     reference_headroom,
     token_headroom,
 )
+from groupwise.registry import ConfigError
 
 L = math.log
 
@@ -135,7 +135,7 @@ def test_rank_by_cached_headroom_and_admit_by_drift():
 
 def test_equal_headroom_and_no_gate_replays_the_most_recent_groups():
     # property 5: with ties everywhere and τ = ∞ the order is the store's, newest first (= fifo's choice)
-    from groupwise.replay.basic import SimpleReplay, StoreConfig
+    from groupwise.methods.hdr.store import SimpleReplay, StoreConfig
 
     hdr = HDR(HDRConfig(replay_groups=3, tau=math.inf))
     fifo = SimpleReplay(StoreConfig(replay_groups=3), "fifo")

@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from groupwise.advantages.grpo import GRPOConfig, dr_grpo, grpo
 from groupwise.config import load
+from groupwise.methods.acoer.length_penalty import LengthPenaltyConfig, length_penalty
+from groupwise.methods.acoer.reward import ACOER, ACOERConfig, efficiency
 from groupwise.registry import ConfigError, NoConfig
-from groupwise.rewards.acoer import ACOER, ACOERConfig, efficiency
-from groupwise.rewards.basic import correctness
-from groupwise.rewards.length_penalty import LengthPenaltyConfig, length_penalty
+from groupwise.standard.grpo import GRPOConfig, dr_grpo, grpo
+from groupwise.standard.rewards import correctness
 from groupwise.types import Group, Problem, Sample, ScoredBatch
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from groupwise.config import load
+from groupwise.methods.acoer.length_penalty import LengthPenaltyConfig, length_penalty
 from groupwise.registry import ConfigError, NoConfig
-from groupwise.rewards.basic import correctness
-from groupwise.rewards.length_penalty import LengthPenaltyConfig, length_penalty
+from groupwise.standard.rewards import correctness
 from groupwise.types import Group, Problem, Sample
 
 

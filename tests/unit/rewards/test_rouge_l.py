@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from groupwise.config import load
+from groupwise.methods.lampo.rouge_l import RougeLConfig, rouge_l, scorer
 from groupwise.registry import ConfigError
-from groupwise.rewards.rouge_l import RougeLConfig, rouge_l, scorer
 from groupwise.types import Group, Problem, Sample
 
 

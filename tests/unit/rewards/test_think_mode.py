@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from groupwise.config import load
+from groupwise.methods.think_modes.reward import ThinkModeRewardConfig, shaped_reward, think_mode
 from groupwise.registry import ConfigError
-from groupwise.rewards.think_mode import ThinkModeRewardConfig, shaped_reward, think_mode
 from groupwise.types import Group, Problem, Sample
 
 CAPS = {"<NT>": 8, "<SH>": 40, "<LG>": 200}

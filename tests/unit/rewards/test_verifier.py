@@ -140,7 +140,7 @@ def test_auto_isolates_a_plug_in_tasks_verifier_and_not_groupwises_own():
     """Issue 31: a C-level loop in a user's verifier hung the run under the old default (alarm). ``auto`` (the
     default) forks for a verifier defined outside groupwise (Linux), and keeps groupwise's own in-process."""
     from groupwise.isolation import CAN_FORK, Forked
-    from groupwise.tasks.lab import Lab
+    from groupwise.standard.lab import Lab
 
     v = make_verifier(PluginTask(), 2.0, "auto")
     assert isinstance(v, Forked) == CAN_FORK

@@ -1,4 +1,4 @@
-"""The ``hf`` generator's ``dtype: bf16`` (rollout/fused.py in bfloat16): inexact by design, so the checks are
+"""The ``hf`` generator's ``dtype: bf16`` (standard/fused.py in bfloat16): inexact by design, so the checks are
 bounds against the float32 model, and a check that bfloat16 actually ran."""
 
 import importlib.util
@@ -11,9 +11,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from groupwise.config import ConfigError, load
 from groupwise.models.forward import completion_logprobs, pack, prefill
-from groupwise.rollout import fused
 from groupwise.rollout.base import SamplingParams
-from groupwise.rollout.hf import HFConfig, HFGenerator, hf
+from groupwise.standard import fused
+from groupwise.standard.hf import HFConfig, HFGenerator, hf
 
 
 def teacher_forced(model, tokenizer, outs, temperature):

@@ -15,12 +15,12 @@ from support import tool_tokenizer
 
 from groupwise.config import ToolsConfig, load
 from groupwise.isolation import CAN_FORK
+from groupwise.loop.chat_tools import ChatTemplate, ToolCall, tool_schema
 from groupwise.loop.setup import build
+from groupwise.loop.tools import ToolLoop, schemas
 from groupwise.models.tiny import build_tokenizer
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Request, SamplingParams, to_sample
-from groupwise.rollout.chat_tools import ChatTemplate, ToolCall, tool_schema
-from groupwise.rollout.tools import ToolLoop, schemas
 from groupwise.types import Completion, Problem
 
 TOK = tool_tokenizer()
@@ -309,7 +309,7 @@ MCP_CALC = str(Path(__file__).parent / "mcp_calc.py")
 
 def test_mcp_servers_tools_join_the_loop():
     pytest.importorskip("mcp")
-    from groupwise.rollout.mcp_tools import mcp_tools
+    from groupwise.loop.mcp_tools import mcp_tools
 
     tools = mcp_tools({"calc": (sys.executable, MCP_CALC)}, 30.0)
     assert sorted(tools) == ["calc_add", "calc_fail"]
@@ -332,7 +332,7 @@ def test_mcp_servers_tools_join_the_loop():
 
 
 def test_without_the_mcp_package_one_line_names_the_extra(monkeypatch):
-    from groupwise.rollout.mcp_tools import mcp_tools
+    from groupwise.loop.mcp_tools import mcp_tools
 
     monkeypatch.setitem(sys.modules, "mcp", None)
     with pytest.raises(ConfigError, match=r"^rollout.tools.mcp needs the mcp package, which is not installed: "

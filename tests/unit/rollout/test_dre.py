@@ -8,16 +8,16 @@ import torch
 from support import learner, reward_stage, rows
 from torch.testing import assert_close
 
-from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.config import load
 from groupwise.loop.pipeline import CountingGenerator
 from groupwise.losses import LOSSES
+from groupwise.methods.dre import DREConfig, dre, find_span
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
-from groupwise.rollout.dre import DREConfig, dre, find_span
-from groupwise.rollout.fake import FakeConfig, FakeGenerator
 from groupwise.seeding import stable_seed
+from groupwise.standard.fake import FakeConfig, FakeGenerator
+from groupwise.standard.grpo import GRPOConfig, grpo
 from groupwise.types import Completion, ScoredBatch
 
 CHK = "chk 1+1=2;"  # one lab re-check: 10 tokens

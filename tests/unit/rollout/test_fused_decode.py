@@ -1,4 +1,4 @@
-"""The ``hf`` generator's fused decode step (rollout/fused.py) against the model's own forward."""
+"""The ``hf`` generator's fused decode step (standard/fused.py) against the model's own forward."""
 
 import warnings
 
@@ -18,9 +18,9 @@ from transformers import (
 
 from groupwise.config import ConfigError, LoraConfig, load
 from groupwise.models.forward import completion_logprobs, pack
-from groupwise.rollout import fused
 from groupwise.rollout.base import Request, SamplingParams
-from groupwise.rollout.hf import HFConfig, HFGenerator
+from groupwise.standard import fused
+from groupwise.standard.hf import HFConfig, HFGenerator
 
 # initializer_range 0.3: at the usual 0.02 a random model's attention is so flat that masking the padding wrong
 # moves log-probs by < 1e-5, and the comparison could not fail

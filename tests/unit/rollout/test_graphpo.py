@@ -5,13 +5,13 @@ import torch
 from support import reward_stage
 
 from groupwise.config import load
-from groupwise.credit.graphpo import GraphPOCreditConfig, graphpo
+from groupwise.methods.graphpo.builder import GraphPOConfig, hashed_embedding, pattern_state, policy_embeddings
+from groupwise.methods.graphpo.builder import graphpo as graphpo_builder
+from groupwise.methods.graphpo.credit import GraphPOCreditConfig, graphpo
 from groupwise.registry import BuildEnv, ConfigError
 from groupwise.rollout.base import RolloutContext, SamplingParams
-from groupwise.rollout.graphpo import GraphPOConfig, hashed_embedding, pattern_state, policy_embeddings
-from groupwise.rollout.graphpo import graphpo as graphpo_builder
 from groupwise.seeding import stable_seed
-from groupwise.tasks.lab import Lab, LabConfig
+from groupwise.standard.lab import Lab, LabConfig
 from groupwise.types import Completion, Problem, ScoredBatch, TokenBatch
 
 PROBLEM = Problem(id="p", prompt="1+1+1", answer="3", meta={"xs": (1, 1, 1), "ops": ("+", "+")})
@@ -91,7 +91,7 @@ def test_neutral_setting_is_independent_chains(tokenizer, lab_task):
 
 
 def test_neutral_chains_train_as_grpo(tokenizer, lab_task):
-    from groupwise.advantages.grpo import GRPOConfig, grpo
+    from groupwise.standard.grpo import GRPOConfig, grpo
 
     _, groups = build(lab_task, context(tokenizer, lab_task), equivalence="none")
     adv = grpo(ScoredBatch.from_groups(groups), GRPOConfig())

@@ -3,7 +3,7 @@ from torch.testing import assert_close
 
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.rollout.base import Request, SamplingParams
-from groupwise.rollout.hf import HFConfig, HFGenerator, race, sample_rows, top_p_filter
+from groupwise.standard.hf import HFConfig, HFGenerator, race, sample_rows, top_p_filter
 
 
 def prompt(tokenizer, text):

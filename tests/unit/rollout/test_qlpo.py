@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from groupwise.advantages.grpo import GRPOConfig, grpo
 from groupwise.config import load
+from groupwise.methods.qlpo import QLPOConfig, QLPOTransform, positive_quota, quadrants, select
 from groupwise.registry import ConfigError
-from groupwise.rollout.qlpo import QLPOConfig, QLPOTransform, positive_quota, quadrants, select
 from groupwise.seeding import stable_seed
+from groupwise.standard.grpo import GRPOConfig, grpo
 from groupwise.types import Group, Problem, Sample, ScoredBatch
 
 

@@ -1,4 +1,4 @@
-"""Weight-sync verification (``rollout/sync_check.py``): the probe's gap is pinned on a scripted engine; a
+"""Weight-sync verification (``loop/sync_check.py``): the probe's gap is pinned on a scripted engine; a
 generator that holds its own copy of the weights and whose sync silently does nothing stops the run
 (``error``), or is resynced and counted (``resync``); a good sync logs 0 failures every step; ``none`` and a
 scripted generator (``fake``) check nothing. The Ray path is in ``test_workers.py`` (its Ray session)."""
@@ -10,10 +10,10 @@ import torch
 
 from groupwise.config import load
 from groupwise.loop.setup import build
+from groupwise.loop.sync_check import PROBE_TOKENS, StaleEngineError, SyncCheck, shares, tolerance
 from groupwise.loop.trainer import rl_step
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError
-from groupwise.rollout.sync_check import PROBE_TOKENS, StaleEngineError, SyncCheck, shares, tolerance
 from groupwise.types import Completion
 
 ARGS = ["model.warm_start=false", "trainer.threads=1", "trainer.record_groups=0", "rollout.prompts_per_step=4",

@@ -5,17 +5,17 @@ import torch
 from support import reward_stage
 from torch.testing import assert_close
 
-from groupwise.advantages.grpo import dr_grpo
-from groupwise.advantages.mode_balance import ModeBalanceConfig, mode_balance
 from groupwise.config import load
+from groupwise.methods.think_modes.builder import ThinkModesConfig, think_modes
+from groupwise.methods.think_modes.mode_balance import ModeBalanceConfig, mode_balance
 from groupwise.models.forward import completion_logprobs, pack
 from groupwise.registry import ConfigError, NoConfig
 from groupwise.rollout.base import Request, RolloutContext, SamplingParams
-from groupwise.rollout.fake import FakeConfig, FakeGenerator
-from groupwise.rollout.hf import HFConfig, HFGenerator
-from groupwise.rollout.think_modes import ThinkModesConfig, think_modes
 from groupwise.seeding import stable_seed
-from groupwise.tasks.lab import Lab, LabConfig
+from groupwise.standard.fake import FakeConfig, FakeGenerator
+from groupwise.standard.grpo import dr_grpo
+from groupwise.standard.hf import HFConfig, HFGenerator
+from groupwise.standard.lab import Lab, LabConfig
 from groupwise.types import Completion, ScoredBatch
 
 TERMS = ["rollout.builder.name=think_modes", "task.modes=true", "reward.terms=[{name: think_mode}]"]

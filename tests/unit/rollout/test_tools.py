@@ -12,12 +12,11 @@ import torch
 
 from groupwise.config import ToolsConfig, load
 from groupwise.isolation import CAN_FORK
-from groupwise.loop.setup import build
 from groupwise.loop.stats import group_metrics
+from groupwise.loop.tools import ToolLoop
 from groupwise.models.tiny import build_tokenizer
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Request, SamplingParams, to_sample
-from groupwise.rollout.tools import ToolLoop
 from groupwise.types import Completion, Group, Problem
 
 TOK = build_tokenizer()
@@ -140,11 +139,11 @@ def test_a_process_with_a_hung_tool_call_still_exits():
             "tool=lambda q: time.sleep(3600), timeout_s=0.2); "
             "tl.generate([Request(PROMPT)], PARAMS, torch.Generator()); print('done')")
     here = Path(__file__).parent
-    t0 = time.monotonic()
+    # not an hour: the abandoned call is not joined at exit (a joined one would run into the timeout); the bound
+    # leaves room for the interpreter and torch to start on a loaded machine (31 s seen beside two training runs)
     out = subprocess.run([sys.executable, "-c", code, str(here), str(here.parents[2] / "src")],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
-    assert time.monotonic() - t0 < 30  # not an hour: the abandoned call is not joined at exit
 
 
 def test_a_huge_tool_result_is_cut_before_it_is_tokenised():
@@ -171,7 +170,7 @@ def test_metrics_and_load_time_errors():
     assert m["rollout/tool_calls"] == 1.0 and m["rollout/turns"] == 2.0 and m["rollout/tool_errors"] == 0.0
     assert m["rollout/tool_token_frac"] == pytest.approx(samples[0].meta["tool_tokens"] / samples[0].length)
     with pytest.raises(ConfigError, match=r"rollout.tools.tool='search': task 'lab' has no tools; allowed"):
-        build(load(None, ["rollout.tools={}", "model.warm_start=false"]))
+        load(None, ["rollout.tools={}"])  # refused at load (the task declares its tools), before any model
     with pytest.raises(ConfigError, match=r"rollout.tools: timeout_s=0.0: allowed > 0"):
         load(None, ["rollout.tools.timeout_s=0"])
 
@@ -204,7 +203,7 @@ def test_a_tool_stuck_in_c_code_or_exiting_is_killed_counted_and_the_run_goes_on
 
 
 def test_groupwises_own_tool_runs_in_threads_by_default():
-    from groupwise.tasks.search import Search
+    from groupwise.standard.search import Search
 
     assert ToolLoop(Scripted([]), {"search": Search.search}, TOK, ToolsConfig()).pool is None
     assert ToolLoop(Scripted([]), {"search": Search.search}, TOK, ToolsConfig(isolation="process")).pool == []

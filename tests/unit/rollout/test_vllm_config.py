@@ -12,7 +12,7 @@ from groupwise.config import load
 from groupwise.loop.setup import build
 from groupwise.models import lora
 from groupwise.registry import ConfigError
-from groupwise.rollout import vllm as gw_vllm
+from groupwise.standard import vllm as gw_vllm
 
 
 def test_logprob_mode_keeps_the_trainers_convention():
@@ -68,10 +68,9 @@ def test_bad_vllm_settings_are_one_line_errors(tmp_path, monkeypatch):
         load(None, ["rollout.generator=vllm", "rollout.generator.mode=server", "rollout.generator.sleep=true"])
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="sleep: true needs a CUDA device"):
-            build(load(None, ["rollout.generator=vllm", "rollout.generator.sleep=true", f"out_dir={tmp_path}"]))
+            load(None, ["rollout.generator=vllm", "rollout.generator.sleep=true"])  # at load: before any model
     with pytest.raises(ConfigError, match="top-p-renormalised"):
-        build(load(None, ["rollout.generator=vllm", "rollout.top_p=0.9", "rollout.temperature=0.8",
-                          f"out_dir={tmp_path}"]))
+        load(None, ["rollout.generator=vllm", "rollout.top_p=0.9", "rollout.temperature=0.8"])
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(ConfigError, match=r"pip install 'groupwise\[vllm\]'"):
         build(load(None, ["rollout.generator=vllm", f"out_dir={tmp_path}"]))

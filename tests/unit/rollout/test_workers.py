@@ -11,10 +11,10 @@ import pytest
 from groupwise.config import load
 from groupwise.loop import workers
 from groupwise.loop.setup import build
+from groupwise.loop.sync_check import StaleEngineError
 from groupwise.loop.trainer import lagged_step, rl_step, train
 from groupwise.loop.workers import deal, interleave
 from groupwise.registry import ConfigError
-from groupwise.rollout.sync_check import StaleEngineError
 from groupwise.seeding import stable_seed
 
 ARGS = ["model.warm_start=false", "trainer.threads=1", "trainer.record_groups=0", "rollout.prompts_per_step=4",

@@ -9,14 +9,8 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from groupwise.config import load
-from groupwise.models.forward import completion_logprobs, pack
-from groupwise.registry import BuildEnv, ConfigError
-from groupwise.rollout.base import RolloutContext, SamplingParams
-from groupwise.rollout.hf import HFConfig, HFGenerator
-from groupwise.seeding import stable_seed
-from groupwise.select import SELECTORS
-from groupwise.select.attention import attention_maps, eager_attention
-from groupwise.select.pivottrace import (
+from groupwise.methods.pivottrace.attention import attention_maps, eager_attention
+from groupwise.methods.pivottrace.selector import (
     PivotTraceConfig,
     PivotTraceSelector,
     Probe,
@@ -31,7 +25,13 @@ from groupwise.select.pivottrace import (
     route,
     spearman,
 )
-from groupwise.select.random import RandomSelector
+from groupwise.models.forward import completion_logprobs, pack
+from groupwise.registry import BuildEnv, ConfigError
+from groupwise.rollout.base import RolloutContext, SamplingParams
+from groupwise.seeding import stable_seed
+from groupwise.select import SELECTORS
+from groupwise.standard.hf import HFConfig, HFGenerator
+from groupwise.standard.random_selector import RandomSelector
 from groupwise.tasks.base import render_prompt
 
 LN2 = math.log(2)

@@ -7,9 +7,9 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from groupwise.registry import BuildEnv  # noqa: E402
+from groupwise.standard.gym import DEFAULT_SYSTEM_PROMPT, GymConfig, GymTask, running_totals  # noqa: E402
 from groupwise.tasks import TASKS  # noqa: E402
 from groupwise.tasks.base import PromptForm  # noqa: E402
-from groupwise.tasks.gym import DEFAULT_SYSTEM_PROMPT, GymConfig, GymTask, running_totals  # noqa: E402
 
 TINY = {
     "max_digits": 1,

@@ -8,9 +8,9 @@ import types
 import math_verify
 import pytest
 
+from groupwise.standard.jsonl import SAMPLE_PATH, DataError, JsonlConfig, JsonlTask, resolve_path
+from groupwise.standard.math_answers import AnswerTooCostly
 from groupwise.tasks import TASKS
-from groupwise.tasks.jsonl import SAMPLE_PATH, DataError, JsonlConfig, JsonlTask, resolve_path
-from groupwise.tasks.math_answers import AnswerTooCostly
 
 SAMPLE = dict(train_path=SAMPLE_PATH, reference_key="solution", difficulty_key="level", id_key="id")
 

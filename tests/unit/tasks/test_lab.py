@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from groupwise.tasks.lab import FILLERS, Lab, LabConfig
+from groupwise.standard.lab import FILLERS, Lab, LabConfig
 
 
 @pytest.mark.parametrize(
@@ -105,8 +105,8 @@ def test_bad_config(kw, msg):
 def test_privileged_warm_start_examples():
     import random
 
-    from groupwise.tasks.lab import Lab, LabConfig
-    from groupwise.teachers.models import PRIVILEGED_CONTEXT
+    from groupwise.standard.lab import Lab, LabConfig
+    from groupwise.teachers import PRIVILEGED_CONTEXT
 
     plain, none = Lab(LabConfig(p_wrap_slip=0.6)), Lab(LabConfig(p_wrap_slip=0.6, privileged_frac=0.0))
     assert plain.sft_examples(random.Random(3), 20) == none.sft_examples(random.Random(3), 20)  # no extra draws at 0
@@ -122,7 +122,7 @@ def test_privileged_warm_start_examples():
 def test_early_exit_examples_answer_after_a_clean_prefix():
     import random
 
-    from groupwise.tasks.lab import Lab, LabConfig
+    from groupwise.standard.lab import Lab, LabConfig
 
     lab = Lab(LabConfig(p_early_exit=1.0, min_steps=3, max_steps=3))
     for p, text in lab.sft_examples(random.Random(1), 20):
@@ -198,7 +198,7 @@ def test_label_noise_outside_its_range_is_one_line_naming_the_key(value):
 def test_correct_on_splits_the_verdict_by_corrupted_and_clean_labels():
     import torch
 
-    from groupwise.rewards.basic import CorrectOnConfig, correct_on
+    from groupwise.standard.rewards import CorrectOnConfig, correct_on
     from groupwise.types import Group, Sample
 
     lab = Lab(LabConfig(**NOISY, label_noise=0.2), seed=0)
@@ -241,8 +241,9 @@ def test_step_credit_reward_is_full_on_reference_traces_and_needs_the_task_metho
 
     import torch
 
+    from groupwise.config import load
     from groupwise.registry import ConfigError, NoConfig
-    from groupwise.rewards.basic import step_credit
+    from groupwise.standard.rewards import step_credit
     from groupwise.types import Group, Sample
 
     lab = Lab(LabConfig(**NOISY, label_noise=0.2), seed=0)
@@ -254,5 +255,5 @@ def test_step_credit_reward_is_full_on_reference_traces_and_needs_the_task_metho
 
     got = step_credit(NoConfig(), types.SimpleNamespace(task=lab))([Group(p, [sample(p.reference)]) for p in items], 0)
     assert got == [[1.0]] * len(items)  # corrupted labels included: the credit is the clean chain's
-    with pytest.raises(ConfigError, match="task SimpleNamespace has no step_credit"):
-        step_credit(NoConfig(), types.SimpleNamespace(task=types.SimpleNamespace()))
+    with pytest.raises(ConfigError, match=r"reward 'step_credit' requires 'step_credit'.*allowed: add task 'lab'"):
+        load(None, ["task=search", "reward.terms=[step_credit]"])  # refused at load, before any model

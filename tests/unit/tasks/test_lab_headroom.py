@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from groupwise import catalog
 from groupwise.config import load
 from groupwise.models import tiny
 from groupwise.registry import BuildEnv
-from groupwise.tasks.lab import Lab, LabConfig
+from groupwise.standard.lab import Lab, LabConfig
 
 ROOT = Path(__file__).parents[3]
 
@@ -23,7 +22,7 @@ ROOT = Path(__file__).parents[3]
 @pytest.fixture(scope="module")
 def headroom() -> Lab:
     cfg = load(ROOT / "recipes" / "headroom_lab.yaml")
-    return catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    return cfg.task.build(BuildEnv(run=cfg, seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +66,7 @@ def test_the_think_modes_short_cap_admits_two_to_four_additions(tokenizer):
     """recipes/think_modes_headroom_lab.yaml's cap_sh 27: a clean <SH> trace (tokens after the tag, EOS included)
     fits for k = 2..4 and not from k = 5; <NT> (4 tokens) fits its cap 8 at every k."""
     cfg = load(ROOT / "recipes" / "think_modes_headroom_lab.yaml")
-    lab = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    lab = cfg.task.build(BuildEnv(run=cfg, seed=0))
     builder = cfg.rollout.builder.cfg
     rng = random.Random(0)
     for p in lab.test[:132]:
@@ -122,7 +121,7 @@ def test_privileged_share_and_determinism(headroom):
 
 def test_the_unseen_setting_hides_long_chains_from_the_warm_start_only():
     cfg = load(ROOT / "recipes" / "headroom_unseen_lab.yaml")
-    unseen = catalog.build(cfg.task, BuildEnv(run=cfg, seed=0))
+    unseen = cfg.task.build(BuildEnv(run=cfg, seed=0))
     seen = Lab(dataclasses.replace(unseen.cfg, sft_max_steps=0), seed=0)
     assert unseen.cfg.sft_max_steps == 6 and dataclasses.replace(unseen.cfg, sft_max_steps=0) == seen.cfg
     sft = [p.difficulty for p, _ in unseen.sft_examples(random.Random(0), 600)]

@@ -4,8 +4,8 @@ import time
 import math_verify
 import pytest
 
-from groupwise.tasks import math_answers
-from groupwise.tasks.math_answers import (
+from groupwise.standard import math_answers
+from groupwise.standard.math_answers import (
     AnswerTooCostly,
     answers_match,
     extract_answer,

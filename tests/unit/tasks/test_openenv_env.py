@@ -14,13 +14,12 @@ pytest.importorskip("openenv")
 
 from support import env as build_env  # noqa: E402
 
-from groupwise import catalog  # noqa: E402
 from groupwise.config import Spec, ToolsConfig, load  # noqa: E402
+from groupwise.loop.tools import wrap  # noqa: E402
 from groupwise.models.tiny import build_tokenizer  # noqa: E402
 from groupwise.registry import ConfigError  # noqa: E402
 from groupwise.rollout.base import Request, SamplingParams, to_sample  # noqa: E402
-from groupwise.rollout.tools import wrap  # noqa: E402
-from groupwise.tasks.openenv_env import OpenEnvConfig  # noqa: E402
+from groupwise.standard.openenv_env import OpenEnvConfig  # noqa: E402
 from groupwise.types import Completion, Group, Problem  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -43,7 +42,7 @@ class Scripted:
 
 
 def make(overrides=CHAT, **cfg):
-    return catalog.build(Spec("task", "openenv", OpenEnvConfig(**cfg)), build_env(overrides=overrides))
+    return Spec("task", "openenv", OpenEnvConfig(**cfg)).build(build_env(overrides=overrides))
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +94,10 @@ def test_a_bad_environment_fails_its_episode_counted(game, seed, error):
     assert time.monotonic() - t0 < 30
     assert c.meta["env_error"].startswith(error)
     assert c.meta["tool_errors" if seed != 901 else "tool_timeouts"] == 1
-    from groupwise.rewards.environment import EnvironmentRewardConfig
     from groupwise.rewards.stage import SampleErrors
+    from groupwise.standard.environment import EnvironmentRewardConfig
 
-    term = catalog.build(Spec("reward", "environment", EnvironmentRewardConfig()), build_env(task=game))
+    term = Spec("reward", "environment", EnvironmentRewardConfig()).build(build_env(task=game))
     with pytest.raises(SampleErrors) as err:
         term([Group(p, [s])], 0)
     assert "the episode's environment failed" in str(err.value.errors[(0, 0)])

@@ -9,7 +9,7 @@ import pytest
 
 from groupwise.config import load
 from groupwise.registry import ConfigError
-from groupwise.tasks.search import Search, SearchConfig
+from groupwise.standard.search import Search, SearchConfig
 
 pytest.importorskip("bm25s")
 

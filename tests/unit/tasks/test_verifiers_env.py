@@ -11,13 +11,12 @@ pytest.importorskip("verifiers")
 
 from support import env as build_env  # noqa: E402
 
-from groupwise import catalog  # noqa: E402
 from groupwise.config import Spec, load  # noqa: E402
 from groupwise.isolation import CAN_FORK, resolve  # noqa: E402
+from groupwise.loop.chat_tools import tool_schema  # noqa: E402
 from groupwise.registry import ConfigError  # noqa: E402
 from groupwise.rewards.stage import RewardStage, SampleErrors  # noqa: E402
-from groupwise.rollout.chat_tools import tool_schema  # noqa: E402
-from groupwise.tasks.verifiers_env import VerifiersConfig  # noqa: E402
+from groupwise.standard.verifiers_env import VerifiersConfig  # noqa: E402
 from groupwise.types import Group, Sample  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -25,7 +24,7 @@ ENVS = str(HERE / "vf_envs.py")
 
 
 def task(name="QATaskset", **kw):
-    return catalog.build(Spec("task", "verifiers", VerifiersConfig(env=f"{ENVS}:{name}", **kw)), build_env())
+    return Spec("task", "verifiers", VerifiersConfig(env=f"{ENVS}:{name}", **kw)).build(build_env())
 
 
 def sample(text, messages=None):
@@ -36,9 +35,9 @@ def sample(text, messages=None):
 
 
 def term(t, **cfg):
-    from groupwise.rewards.environment import EnvironmentRewardConfig
+    from groupwise.standard.environment import EnvironmentRewardConfig
 
-    return catalog.build(Spec("reward", "environment", EnvironmentRewardConfig(**cfg)), build_env(task=t))
+    return Spec("reward", "environment", EnvironmentRewardConfig(**cfg)).build(build_env(task=t))
 
 
 def test_a_v1_taskset_its_tasks_rewards_and_tools():
@@ -76,12 +75,12 @@ def test_the_environment_term_total_one_reward_and_metrics():
     with pytest.raises(SampleErrors) as err:
         term(t, reward="nonexistent")([g], 0)
     assert "no reward 'nonexistent'; the environment's: exact, used_tool, length" in str(err.value.errors[(0, 0)])
-    from groupwise.rewards.environment import EnvironmentRewardConfig
+    from groupwise.standard.environment import EnvironmentRewardConfig
 
     assert EnvironmentRewardConfig(reward="exact").label() == "env_exact"
     with pytest.raises(ConfigError, match=r"reward environment: task 'lab' has no environment of its own"):
-        catalog.build(Spec("reward", "environment", EnvironmentRewardConfig()), build_env(
-            task=catalog.build(load(None, []).task, build_env())))
+        Spec("reward", "environment", EnvironmentRewardConfig()).build(build_env(
+            task=load(None, []).task.build(build_env())))
 
 
 def test_a_reward_that_raises_or_hangs_fails_its_samples_counted():
@@ -142,7 +141,7 @@ def test_bad_environments_are_one_line():
             task("legacy_group")
     with pytest.raises(ConfigError, match=r"task.env='no_such_env_anywhere': .*"):
         task_ref = VerifiersConfig(env="no_such_env_anywhere")
-        catalog.build(Spec("task", "verifiers", task_ref), build_env())
+        Spec("task", "verifiers", task_ref).build(build_env())
     with pytest.raises(ConfigError, match="task: env: required"):
         load(None, ["task.name=verifiers"])
 
@@ -157,9 +156,9 @@ def test_without_the_package_one_line_names_the_extra(monkeypatch):
 def test_sft_examples_from_a_reference_field():
     import random
 
-    t = catalog.build(Spec("task", "verifiers", VerifiersConfig(
+    t = Spec("task", "verifiers", VerifiersConfig(
         env=str(HERE.parents[2] / "examples" / "verifiers_arith.py") + ":ArithTaskset", env_args={"size": 30},
-        reference_field="solution")), build_env())
+        reference_field="solution")).build(build_env())
     (p, text), = t.sft_examples(random.Random(0), 1)
     assert text == p.reference and text.endswith(f"<answer>{p.answer}</answer>")
     assert t.verify(p, text) is True and t.verify(p, "<answer>x</answer>") is False

@@ -1,0 +1,281 @@
+"""A fused decode step for Llama-family models: the ``hf`` generator's ``decode: fused`` (issue 12's lever).
+
+One decode step of transformers' eager Llama is ~45 small ops per layer around seven skinny GEMMs, and its
+``DynamicCache`` grows every layer's keys and values with a ``torch.cat`` per token. The fused step computes
+the same function with
+
+  * one GEMM for q, k and v and one for gate and up (the weights concatenated once per generate call, so the
+    step always uses the current parameters: the optimizer updates them in place between calls);
+  * a peft LoRA policy's adapter folded into those weights, once per generate call: ``W + scaling · B A`` for
+    every adapted projection (o_proj and down_proj included), computed into new tensors, so the model's own
+    parameters are never touched (no ``merge_adapter``: the trainer's forward stays the unmerged adapter, and
+    the next call folds the adapter the optimizer has since updated);
+  * a preallocated KV buffer ``[layers, rows, kv_heads, width + new tokens, head_dim]`` written in place, with
+    a boolean key mask (left padding of the prompts stays masked), and finished rows dropped by an index;
+  * grouped-query attention in ``scaled_dot_product_attention(enable_gqa=True)`` instead of repeating K/V.
+
+Everything that carries a model's own numerics is the model's own module, called as is: the embedding, every
+RMSNorm (Qwen3's per-head q/k norms included), the rotary embedding (so scaled RoPE variants work), the final
+norm and the LM head (an adapted or ``modules_to_save`` head too). The prefill is the model's own forward
+(``forward.prefill``, one pass per distinct prompt); its cache is copied into the buffer. Outputs equal the
+model's decode up to float summation order (the fused GEMMs add the same products in another order, and the
+LoRA fold computes ``x W + scaling · (x A) B`` as one product): tests/unit/rollout/test_fused_decode.py. The fold
+is limited to float32 weights: in bfloat16, rounding ``W + scaling · B A`` to bfloat16 is a coarser change than
+summation order (it changed sampled tokens of a tiny llama where the plain fused step matched bit for bit).
+
+Supported (``unsupported(model, length)`` says why not, and the generator then runs the model's own forward):
+model types llama, mistral, qwen2, qwen3 with SiLU MLPs; projections that are plain ``nn.Linear``, or peft
+``lora.Linear`` over one with plain LoRA in float32 (more than one active adapter, DoRA or another variant,
+``lora_bias``, an adapter merged in place, bfloat16 / float16 adapted weights, a ``modules_to_save`` copy of a
+projection, and LoRA dropout left active in train mode fall back; generation runs in eval mode, so a recipe's
+``model.lora.dropout`` does not); plain-tensor weights (a sharded DTensor falls back); no tensor-parallel
+pretraining split; and no sliding-window layer whose window is shorter than the generation's total length.
+
+``dtype=torch.bfloat16`` (the ``hf`` generator's ``dtype: bf16``; inexact by design, for speed on CPUs with bf16
+matmul units): the folded weights and a copy of the LM head's are cast to bfloat16 once per generate call (the
+model's parameters are untouched), every GEMM of the step (fused q/k/v, o_proj, fused gate/up, down_proj, the LM
+head) runs in bfloat16, the KV buffer is bfloat16 (the prefill's cache, which the ``hf`` generator computes under
+autocast, rounded into it), and the attention is two bfloat16 GEMMs around a float32 softmax (``_attend``:
+``scaled_dot_product_attention``'s CPU kernel is slower in bfloat16 than in float32). The residual stream stays
+float32: the embedding, every RMSNorm (the model's own modules, on the float32 residual; Qwen3's q/k norms upcast
+as they do), the rotary embedding (applied in float32, then rounded) and the residual adds; a GEMM's input is
+rounded to bfloat16 and its bfloat16 output added to the float32 residual. The logits are the head GEMM's
+bfloat16 output cast to float32 (so they carry bfloat16 rounding, ~0.4% of a logit); sampling and the reported
+log-probs are the float32 log-softmax of exactly those logits, i.e. the log-probs of the distribution the tokens
+were drawn from. With it the LM head must be a plain ``nn.Linear`` or a plain LoRA
+one, and the weights float32 (``unsupported(model, length, dtype)``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from groupwise.adapters import base_model
+from groupwise.lazy import no_grad, torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _layers(model: torch.nn.Module):
+    inner = getattr(model, "model", None)
+    return getattr(inner, "layers", None)
+
+
+def unsupported(model: torch.nn.Module, length: int, dtype: torch.dtype | None = None) -> str | None:
+    """None when the fused step computes ``model``'s decode exactly (up to summation order) for sequences of
+    ``length`` tokens, or with ``dtype`` (bfloat16) runs it in that precision; else a one-line reason."""
+    model = base_model(model)  # a peft LoRA policy: the transformers model under it (its adapted layers checked below)
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in MODEL_TYPES:
+        return f"model type {kind!r} (fused decode covers {', '.join(MODEL_TYPES)})"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (fused decode covers silu)"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    window = getattr(cfg, "sliding_window", None)
+    sliding = any(t == "sliding_attention" for t in (getattr(cfg, "layer_types", None) or [])) or (
+        window is not None and getattr(cfg, "use_sliding_window", True) and kind == "mistral")
+    if sliding and window is not None and window < length:
+        return f"sliding window {window} < {length} tokens"
+    layers = _layers(model)
+    if layers is None:
+        return "no model.model.layers"
+    for layer in layers:
+        att, mlp = layer.self_attn, layer.mlp
+        for lin in (att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            reason = _projection_unsupported(lin)
+            if reason:
+                return reason
+    if dtype is not None:
+        head = getattr(model, "lm_head", None)
+        reason = _projection_unsupported(head) if head is not None else "no lm_head"
+        if reason:
+            return f"LM head: {reason}"
+        weights = {p.dtype for p in model.parameters()}
+        if weights != {torch.float32}:
+            return (f"{'/'.join(sorted(str(d)[6:] for d in weights))} weights (a {str(dtype)[6:]} decode casts a "
+                    "float32 model's)")
+    return None
+
+
+def _is_lora(lin: torch.nn.Module) -> bool:
+    """A peft ``lora.Linear`` (exactly: its quantized and other subclasses compute something else)."""
+    layer = sys.modules.get("peft.tuners.lora.layer")  # imported when a LoRA model exists; never imported here
+    return layer is not None and type(lin) is layer.Linear
+
+
+def _adapters(lin) -> list[str]:
+    """The adapters a peft LoRA layer's forward adds (none while they are disabled)."""
+    return [] if lin.disable_adapters else [a for a in lin.active_adapters if a in lin.lora_A]
+
+
+def _projection_unsupported(lin: torch.nn.Module) -> str | None:
+    tensors = []
+    if _is_lora(lin):
+        names = _adapters(lin)
+        if lin.merged:
+            return "a LoRA adapter merged into its base weights (fused decode folds an unmerged one)"
+        if len(names) > 1:
+            return f"{len(names)} active LoRA adapters (fused decode folds one)"
+        for a in names:
+            if a in lin.lora_variant or lin.use_dora.get(a):
+                kind = "DoRA" if lin.use_dora.get(a) else type(lin.lora_variant[a]).__name__
+                return f"LoRA variant {kind} (fused decode folds plain LoRA)"
+            if lin.lora_bias.get(a):
+                return "LoRA with lora_bias (fused decode folds plain LoRA)"
+            drop = lin.lora_dropout[a]
+            if drop.training and getattr(drop, "p", 0) > 0:
+                return f"LoRA dropout {drop.p} in train mode"
+            ab = (lin.lora_A[a], lin.lora_B[a])
+            if any(type(m) is not torch.nn.Linear for m in ab):
+                return f"LoRA factors of type {type(ab[0]).__name__} (fused decode needs nn.Linear)"
+            tensors += [m.weight for m in ab]
+            dtypes = {t.dtype for t in (lin.base_layer.weight, *tensors)}
+            if dtypes - {torch.float32, torch.float64} or len(dtypes) > 1:  # the fold rounds W + scaling·BA once
+                return (f"LoRA over {'/'.join(sorted(str(d)[6:] for d in dtypes))} weights (folding the adapter "
+                        "rounds differently from the model's two products; fused decode folds float32)")
+        lin = lin.base_layer
+    if type(lin) is not torch.nn.Linear:
+        return f"projection of type {type(lin).__name__} (fused decode needs plain nn.Linear or peft lora.Linear)"
+    for t in [lin.weight, *tensors]:
+        if type(t.data) is not torch.Tensor:  # e.g. an FSDP2 shard (DTensor) outside full_weights()
+            return f"parameters of type {type(t.data).__name__} (fused decode needs plain tensors)"
+    return None
+
+
+def _cast(w: Tensor, b: Tensor | None, dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None]:
+    """``(w, b)`` as is (``dtype`` None), or copies in ``dtype``."""
+    if dtype is None:
+        return w, b
+    return w.to(dtype, copy=True), None if b is None else b.to(dtype, copy=True)
+
+
+def _weight(lin: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
+    """(weight [out, in], bias) of the function a projection computes: a LoRA layer's adapter folded in,
+    ``W + scaling · B A`` (float32: ``unsupported``), into a new tensor."""
+    if not _is_lora(lin):
+        return lin.weight, lin.bias
+    base, names = lin.base_layer, _adapters(lin)  # at most one (unsupported)
+    if not names:
+        return base.weight, base.bias
+    a = names[0]
+    return torch.addmm(base.weight, lin.lora_B[a].weight, lin.lora_A[a].weight, alpha=lin.scaling[a]), base.bias
+
+
+def _fused(*lins: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
+    """The projections side by side, transposed for ``x @ w`` ([in, sum of out]), each LoRA adapter folded into
+    its columns in place (one copy of the weights), and their biases (zeros for a projection without one)."""
+    bases = [lin.base_layer if _is_lora(lin) else lin for lin in lins]
+    w = torch.cat([b.weight.t() for b in bases], dim=1)
+    start = 0
+    for lin, b in zip(lins, bases):
+        for a in _adapters(lin) if lin is not b else ():  # (x W^T: the transposed fold, A^T B^T)
+            w[:, start:start + b.out_features].addmm_(lin.lora_A[a].weight.t(), lin.lora_B[a].weight.t(),
+                                                       alpha=lin.scaling[a])
+        start += b.out_features
+    if all(b.bias is None for b in bases):
+        return w, None
+    return w, torch.cat([b.bias if b.bias is not None else b.weight.new_zeros(b.out_features) for b in bases])
+
+
+class FusedDecoder:
+    """The decode state of one generate call: fused weights, the KV buffer and its key mask; with ``dtype``
+    (bfloat16) the weights, the head's copy and the buffer in that precision (module docstring)."""
+
+    @no_grad
+    def __init__(self, model: torch.nn.Module, cache, attn: Tensor, new_tokens: int,
+                 dtype: torch.dtype | None = None):
+        self.model, self.dtype = base_model(model), dtype
+        self.layers = list(_layers(self.model))
+        att0 = self.layers[0].self_attn
+        self.head_dim, self.scaling = att0.head_dim, att0.scaling
+        self.heads = att0.q_proj.out_features // self.head_dim  # a peft lora.Linear has its base's sizes
+        self.kv_heads = att0.k_proj.out_features // self.head_dim
+        self.w = []  # per layer: (qkv^T, its bias, o_proj, gate|up^T, its bias, intermediate size, down_proj)
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.w.append((*_cast(*_fused(a.q_proj, a.k_proj, a.v_proj), dtype), _cast(*_weight(a.o_proj), dtype),
+                           *_cast(*_fused(m.gate_proj, m.up_proj), dtype), m.up_proj.out_features,
+                           _cast(*_weight(m.down_proj), dtype)))
+        # the LM head: the model's own module (dtype None), else a copy of its (folded) weight in dtype
+        self.head = None if dtype is None else _cast(*_weight(self.model.lm_head), dtype)
+        rows, width = attn.shape
+        first = cache.layers[0].keys
+        shape = (len(self.layers), rows, self.kv_heads, width + new_tokens, self.head_dim)
+        self.k = first.new_zeros(shape, dtype=dtype or first.dtype)
+        self.v = first.new_zeros(shape, dtype=dtype or first.dtype)
+        for i, layer_cache in enumerate(cache.layers):
+            self.k[i, :, :, :width] = layer_cache.keys
+            self.v[i, :, :, :width] = layer_cache.values
+        self.valid = torch.zeros((rows, width + new_tokens), dtype=torch.bool, device=attn.device)
+        self.valid[:, :width] = attn.bool()
+        self.n = width  # filled key positions
+
+    def keep(self, rows: Tensor) -> None:
+        """Drop finished rows (``rows``: the indices to keep)."""
+        self.k, self.v, self.valid = self.k[:, rows], self.v[:, rows], self.valid[rows]
+
+    @no_grad
+    def step(self, tok: Tensor, pos: Tensor) -> Tensor:
+        """Logits [rows, V] after feeding ``tok`` [rows] at positions ``pos`` [rows] (float32 with ``dtype``)."""
+        F = torch.nn.functional
+        b, n, d = tok.shape[0], self.n, self.head_dim
+        inner = self.model.model
+        h = inner.embed_tokens(tok)  # [B, E]
+        lo = self.dtype or h.dtype  # the GEMMs' precision (``.to(lo)`` is a no-op without ``dtype``)
+        cos, sin = inner.rotary_emb(h[:, None], pos[:, None])  # [B, 1, D]
+        cos, sin = cos[:, :, None], sin[:, :, None]  # against [B, 1, heads, D]
+        self.valid[:, n] = True
+        mask = self.valid[:, None, None, :n + 1]  # [B, 1, 1, keys]
+        qn, kn = self.heads * d, self.kv_heads * d
+        for i, (layer, (w_qkv, b_qkv, w_o, w_gu, b_gu, inter, w_down)) in enumerate(zip(self.layers, self.w)):
+            a = layer.self_attn
+            x = layer.input_layernorm(h).to(lo)
+            qkv = x @ w_qkv if b_qkv is None else torch.addmm(b_qkv, x, w_qkv)
+            q, k, v = qkv.split([qn, kn, kn], dim=-1)
+            q, k = q.view(b, 1, self.heads, d), k.view(b, 1, self.kv_heads, d)
+            if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head before RoPE
+                q, k = a.q_norm(q), a.k_norm(k)
+            q = (q * cos + _rotate_half(q) * sin).to(lo)  # (in cos's dtype, the residual's)
+            k = k * cos + _rotate_half(k) * sin
+            self.k[i, :, :, n] = k[:, 0]
+            self.v[i, :, :, n] = v.view(b, self.kv_heads, d)
+            if self.dtype is None:
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), self.k[i, :, :, :n + 1],
+                                                   self.v[i, :, :, :n + 1], attn_mask=mask, scale=self.scaling,
+                                                   enable_gqa=self.heads != self.kv_heads)
+            else:
+                o = _attend(q, self.k[i, :, :, :n + 1], self.v[i, :, :, :n + 1], mask, self.scaling)
+            h = h + F.linear(o.reshape(b, qn), *w_o)  # what o_proj computes (nn.Linear: the same call)
+            x = layer.post_attention_layernorm(h).to(lo)
+            gu = x @ w_gu if b_gu is None else torch.addmm(b_gu, x, w_gu)
+            g, u = gu.split([inter, inter], dim=-1)
+            h = h + F.linear(F.silu(g) * u, *w_down)
+        self.n = n + 1
+        if self.head is None:
+            return self.model.lm_head(inner.norm(h))
+        return F.linear(inner.norm(h).to(lo), *self.head).float()
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """One query per row against the buffer, in bfloat16 GEMMs: ``q`` [B, 1, heads, D], ``k``/``v`` [B, kv heads,
+    keys, D], ``mask`` [B, 1, 1, keys]; the scores (rounded to bfloat16 by their GEMM) are scaled, masked and
+    soft-maxed in float32, the weights rounded to bfloat16 for the product with v. Query head j reads kv head
+    j // (heads / kv heads), as ``enable_gqa`` does. Why not ``scaled_dot_product_attention``: its CPU kernel in
+    bfloat16 ran 3.3x slower than in float32 at the real model's decode shapes (64 rows x 9 heads x ~200 keys:
+    12.3 against 3.8 ms a call), this 2.6 ms."""
+    b, _, heads, d = q.shape
+    kv = k.shape[1]
+    s = torch.matmul(q.reshape(b, kv, heads // kv, d), k.transpose(-1, -2))  # [B, kv, heads / kv, keys]
+    s = (s.float() * scale).masked_fill_(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1).to(v.dtype), v)  # [B, kv, heads / kv, D]: heads in order
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
