@@ -22,7 +22,12 @@ DIFFERENCE in mean@4 (the lab's 3-step chains are of one difficulty, so ~1/p has
 
     PYTHONPATH=src python experiments/peer_objectives.py --jobs 1
 
-Running table: nothing run yet.
+Running table:
+- DONE 2026-12-07 (all 18 runs, ~22 min on one core beside a real-model run): grpo_2ep BETTER than GRPO (+0.044);
+  GSPO NO DIFFERENCE against grpo_2ep (its clip cut ~30% of the sequence terms); CISPO WORSE (-0.079, unstable),
+  GMPO WORSE (-0.042), MaxRL WORSE in mean@4 (-0.035) with the best greedy: docs/results.md, "The peers'
+  objectives on the lab".
+- LEFT: the real model (the four are arms of experiments/real_lab.py, queued).
 """
 
 from __future__ import annotations
