@@ -64,7 +64,7 @@ def expand(tree: dict[str, Any], lines: Lines) -> None:
         at = ("method", str(i)) if isinstance(raw, list) else ("method",)
         if isinstance(entry, str):
             entry = {"name": entry}
-        if not isinstance(entry, dict) or entry.get("name") not in known:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or entry["name"] not in known:
             got = entry.get("name") if isinstance(entry, dict) else entry
             fail(lines, at, f"{got!r} is not a method bundle; allowed: {', '.join(known)} (a method with one member "
                             "is named in its stage's key)")

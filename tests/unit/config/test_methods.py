@@ -108,6 +108,7 @@ def test_several_bundles_in_a_list():
     (None, ["credit=[dash_drift]", "method=dash_drift"],
      r"credit.0: 'dash_drift' named here and by method 'dash_drift' \(override 'method=dash_drift'\)"),
     (None, ["method=[rlcsd, 3]"], r"method.1: 3 is not a method bundle"),
+    (None, ["method={name: [rlcsd]}"], r"method: \['rlcsd'\] is not a method bundle"),
     (None, ["method={name: dash_drift, eta: -1}"], r"credit.0"),  # the member's own range check, at its new key
 ])
 def test_bad_bundles_are_one_line(recipe, overrides, message):
