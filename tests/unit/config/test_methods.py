@@ -122,3 +122,13 @@ def test_a_recipe_line_is_cited(tmp_path):
     recipe.write_text("trainer: {steps: 3}\nmethod:\n  name: rlcsd\n  k_maxx: 4\n")
     with pytest.raises(ConfigError, match=rf"^{recipe}:4: method.k_maxx: unknown key for method 'rlcsd'"):
         load(recipe)
+
+
+def test_list_prints_the_bundles(capsys):
+    from groupwise.cli import main
+
+    assert main(["list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("method "))
+    assert "distil (group transform, credit, loss)" in line and "paft (" in line
+    assert main(["list", "loss"]) == 0
+    assert not [x for x in capsys.readouterr().out.splitlines() if x.startswith("method ")]
