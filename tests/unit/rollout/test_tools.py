@@ -159,7 +159,9 @@ def test_tool_calls_of_a_turn_run_concurrently():
     tl, _ = loop(["<search>a</search>", "<answer>x</answer><eos>"], tool=lambda q: time.sleep(0.3) or "ok", workers=8)
     t0 = time.monotonic()
     tl.generate([Request(PROMPT)] * 8, PARAMS, torch.Generator())
-    assert time.monotonic() - t0 < 0.3 * 8 / 2
+    # one after another they take >= 2.4 s; concurrently ~0.3 s plus decoding, which a loaded machine stretches
+    # (1.32 s beside two training runs): the bound tells the two apart without timing the decode
+    assert time.monotonic() - t0 < 0.3 * 8 * 0.75
 
 
 def test_metrics_and_load_time_errors():
