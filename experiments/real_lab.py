@@ -126,6 +126,12 @@ Running table (updated as runs finish; done / left):
   seed 2 ~ 96 lane-hours, ~48 h on two lanes (about sixteen 3-hour sessions).
 - DONE 2026-12-07 01:15: ``--calibrate-hdr`` (the rule at HDR_CALIBRATION): tau = 9.2e-4 (median of the age-1
   drifts 0.0437, 0.0009, 0.0014, 0.0005, 0.0038, 0.0001, 0.0007; age 3+ groups 0.007-0.074); the HDR arm uses it.
+- DONE 2026-12-07: the FINAL_K evals of GRPO seeds 0 and 1 and their step-0 policies (``--report-only --arms grpo
+  --seeds 0 1``): pass@1 (mean@16) 0.315 -> 0.348 and 0.319 -> 0.346, paired +0.033 ± 0.009 and +0.027 ± 0.011;
+  pass@16 0.645 -> 0.610 and 0.675 -> 0.620; greedy 0.400 -> 0.405 and 0.400 -> 0.385. GRPO sharpens here.
+- DONE 2026-12-07: GARL seed 0 (one seed: no verdict until three): pass@1 0.362, +0.048 ± 0.012 against its step 0
+  and +0.015 ± 0.010 against GRPO seed 0; pass@16 0.670 (GRPO 0.610, step 0 0.645); greedy 0.410; hard 0.134 (GRPO
+  0.147); 70-150 s a step (what shared the cores).
 - WRITTEN 2026-12-07 (issue 46, before any run; smoked, the comments at ARMS): the peers' objectives as arms, GSPO,
   CISPO and GMPO with two passes against ``grpo_2ep`` (CONTROL), MaxRL against GRPO; queued after the sixteen.
 - LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
