@@ -150,7 +150,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int, flags: str, ow
             ctrl.append(f"| {arm} | {d.name} | {al[0]:.3f} -> {al[-1]:.3f} [{min(al):.3f}, {max(al):.3f}] | "
                         f"{moved if moved is not None else '-'} | {bu[0]:.1f} -> {bu[-1]:.1f} [{min(bu):.1f}, "
                         f"{max(bu):.1f}] | {statistics.fmean(bo[-10:]):.3f} |")
-    seeds = [int(d.name.rsplit("-s", 1)[1]) for d in runs["grpo"]]
+    seeds = [harness.seed_of(d) for d in runs["grpo"]]
     steps_flag = f" --steps {step}" if step != STEPS else ""
     md = (f"# ACOER experiment\n\nSeeds {seeds}, compared at step {step}, G = 8, 16 prompts/step, lr 1e-4 "
           "constant, std-normalised GRPO, eval every 20 steps (128 held-out problems, mean@4 at T=1, greedy). "

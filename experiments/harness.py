@@ -76,6 +76,11 @@ def run_arms(experiment: str, recipe: str, arms: dict[str, list[str]],
     return runs
 
 
+def seed_of(run: Path) -> int:
+    """The seed of a run that ``run_arms`` named ``<arm>-s<seed>``."""
+    return int(run.name.rsplit("-s", 1)[1])
+
+
 def finished(runs: dict[str, list[Path]]) -> dict[str, list[Path]]:
     """``runs`` without the runs that have no summary (stopped or not started), and without arms left empty."""
     return {arm: done for arm, dirs in runs.items() if (done := [d for d in dirs if (d / "summary.json").exists()])}

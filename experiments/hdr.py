@@ -485,7 +485,7 @@ def report(runs: dict[str, list[Path]], lat: dict[str, list[Path]], tau: float, 
         lat_lines.append(f"| {arm} | {with_l:.2f} | {without:.2f} | {with_l - without:.2f} | {pred:.2f} |")
     age_line = " / ".join(f"{b}: {harness.fmt(harness.agg([a[b] for a in accept]), 2)} "
                           f"(n={sum(a['n_' + b] for a in accept):.0f})" for b in ("age1", "age2", "age3plus"))
-    seeds = [int(d.name.rsplit("-s", 1)[1]) for d in runs["hdr"]]
+    seeds = [harness.seed_of(d) for d in runs["hdr"]]
     evals = [int(x) for x, _ in eval_curve(runs["grpo16"][0], key, "step")]
     curve_lines = ["| arm | " + " | ".join(f"step {e}" for e in evals) + " |", "|---|" + "---|" * len(evals)]
     for arm, dirs in runs.items():

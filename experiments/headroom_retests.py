@@ -316,7 +316,7 @@ def main() -> None:
         cells = harness.eval_cells(dirs, ("mean_at_k", "pass_at_k", "maj_at_k", "greedy_acc", "len_mean"))
         cells["mean@8 k>=7"] = harness.agg([long_mean(d) for d in dirs])
         last = max(r["step"] for r in harness.metrics(dirs[0]))
-        finals[arm] = {int(d.name.rsplit("-s", 1)[1]): final(d, last) for d in dirs}
+        finals[arm] = {harness.seed_of(d): final(d, last) for d in dirs}
         per_run = list(finals[arm].values())
         cells["whole traces"] = harness.agg([f["whole traces"] for f in per_run])
         cells["entropy(tail20)"] = harness.agg([harness.tail_mean(d, "policy/entropy") for d in dirs])

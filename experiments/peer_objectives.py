@@ -76,7 +76,7 @@ def main() -> None:
             | {"s/step": harness.agg([harness.tail_mean(d, "perf/step_s", 10**9) for d in dirs])}
             for arm, dirs in runs.items()}
     cols = [*keys, "clip_frac_low(mean)", "clip_frac_high(mean)", "s/step"]
-    final = {arm: {d.name.rsplit("-s", 1)[1]: harness.final_eval(d, "eval/mean_at_k") for d in dirs}
+    final = {arm: {harness.seed_of(d): harness.final_eval(d, "eval/mean_at_k") for d in dirs}
              for arm, dirs in runs.items()}
     lines = [f"# {EXPERIMENT}\n\n", f"Recipe `{RECIPE}`, {STEPS} steps, seeds {args.seeds}, held-out eval every "
              f"{EVAL_EVERY} steps (128 problems, k = 4, T = 1). Cells: mean ± sd [min, max] over seeds; clip "

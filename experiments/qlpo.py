@@ -231,7 +231,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, step: int) -> str:
     cells = {arm: run_cells(dirs, step) for arm, dirs in runs.items()}
     start = runs["grpo"][0]
     base = eval_at(start, 0)
-    seeds = [int(d.name.rsplit("-s", 1)[1]) for d in runs["grpo"]]
+    seeds = [harness.seed_of(d) for d in runs["grpo"]]
     g, q = cells["grpo"], cells["qlpo"]
     rel = 1 - q["eval/len_mean"]["mean"] / g["eval/len_mean"]["mean"]
     d_acc = q["eval/mean_at_k"]["mean"] - g["eval/mean_at_k"]["mean"]

@@ -642,14 +642,10 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def seed_of(run: Path) -> int:
-    return int(run.name.rsplit("-s", 1)[1])
-
-
 def final_eval(run: Path | None, out_dir: Path, seed: int | None = None) -> list[dict]:
     """FINAL_K records of ``run``'s last checkpoint, or (run None) of ``seed``'s step-0 policy, in ``out_dir/final``."""
     name = run.name if run is not None else f"step0-s{seed}"
-    return policy_eval(out_dir / "final" / f"{name}.jsonl", seed_of(run) if run else seed, run, FINAL_K)
+    return policy_eval(out_dir / "final" / f"{name}.jsonl", harness.seed_of(run) if run else seed, run, FINAL_K)
 
 
 def per_problem(recs: list[dict]) -> dict[str, float]:
@@ -714,8 +710,9 @@ def transfer(runs: list[Path], n: int, out_dir: Path) -> str:
              "0 -> last | plain form mean@k |\n|---|---|---|---|---|\n"]
     k = 4
     for d in runs:
-        before = policy_eval(out_dir / "transfer" / f"step0-s{seed_of(d)}.jsonl", seed_of(d), None, k, TRANSFER, n)
-        after = policy_eval(out_dir / "transfer" / f"{d.name}.jsonl", seed_of(d), d, k, TRANSFER, n)
+        s = harness.seed_of(d)
+        before = policy_eval(out_dir / "transfer" / f"step0-s{s}.jsonl", s, None, k, TRANSFER, n)
+        after = policy_eval(out_dir / "transfer" / f"{d.name}.jsonl", s, d, k, TRANSFER, n)
         gain, se, _, _ = paired(after, before)
         b, a = cells(before), cells(after)
         lines.append(f"| {d.name} | {b['pass@1']:.3f} -> {a['pass@1']:.3f} | {gain:+.3f} ± {se:.3f} | "
@@ -725,7 +722,7 @@ def transfer(runs: list[Path], n: int, out_dir: Path) -> str:
 
 def step0_base(run: Path) -> Path:
     """The GRPO run of ``run``'s seed."""
-    return run.parent / f"grpo-s{seed_of(run)}"
+    return run.parent / f"grpo-s{harness.seed_of(run)}"
 
 
 def check_step0(run: Path, base: Path) -> None:
@@ -750,7 +747,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     runs = harness.finished(runs)
     have = lambda d: compute or (out_dir / "final" / f"{d.name}.jsonl").exists()  # noqa: E731
     evals = {arm: {d: final_eval(d, out_dir) for d in dirs if have(d)} for arm, dirs in runs.items() if arm != "agon"}
-    seeds = sorted({seed_of(d) for e in evals.values() for d in e})
+    seeds = sorted({harness.seed_of(d) for e in evals.values() for d in e})
     step0 = {s: final_eval(None, out_dir, s) for s in seeds
              if compute or (out_dir / "final" / f"step0-s{s}.jsonl").exists()}
     keys = [*(f"pass@{k}" for k in PASS_KS), "greedy", "boxed", "acc_boxed", "tokens", "tokens_correct", "check",
@@ -760,7 +757,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8. Eval after training: 200 held-out problems x {FINAL_K} at "
              "T = 1 + greedy, the four prompt forms (`plain` held out of training; `train_forms` the other three); "
              "pass@1 = mean@16. Cells: mean ± sd [min, max] over seeds.\n\n", harness.table(rows, keys)]
-    by_arm_seed = {arm: {seed_of(d): r for d, r in e.items()} for arm, e in evals.items()}
+    by_arm_seed = {arm: {harness.seed_of(d): r for d, r in e.items()} for arm, e in evals.items()}
     by_seed = by_arm_seed.get("grpo", {})
     lines.append("\nPaired over problems (mean@16 change ± SE; greedy right only in the run / only in the other, "
                  "McNemar p); the control is GRPO of the same seed, or the arm's CONTROL (marked *):\n\n| run | vs "
@@ -769,7 +766,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     summary: dict[str, list[float]] = defaultdict(list)
     for arm, e in evals.items():
         for d, r in e.items():
-            s = seed_of(d)
+            s = harness.seed_of(d)
             c0 = g = "-"
             if s in step0:
                 gain, se, up, down = paired(r, step0[s])
@@ -801,7 +798,7 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
         for d in runs["agon"]:
             for step in (0, STEPS):
                 m = next(r for r in harness.metrics(d) if r["step"] == step and "eval/solo_a_acc" in r)
-                ref = step0.get(seed_of(d)) if step == 0 else by_seed.get(seed_of(d))
+                ref = step0.get(harness.seed_of(d)) if step == 0 else by_seed.get(harness.seed_of(d))
                 gg = f"{cells(ref)['greedy']:.3f}" if ref else "-"
                 lines.append(f"| {d.name} | {step} | " + " | ".join(
                     f"{m[f'eval/{k}_acc']:.3f}" for k in ("solo_a", "solo_b", "cascade_ab", "cascade_ba"))
