@@ -8,7 +8,7 @@ from groupwise.config import load
 from groupwise.loop.setup import loss_terms, reward_terms
 from groupwise.registry import BuildEnv
 from groupwise.rewards.stage import RewardStage
-from groupwise.types import Problem, Sample, TokenBatch
+from groupwise.types import Completion, Problem, Sample, TokenBatch
 from groupwise.update import Learner
 
 UPDATE = ["rollout.max_completion_tokens=16"]  # the constant of seq_sum_const in the pinned update tests
@@ -133,3 +133,29 @@ def tool_model_dir(path, recipe=None):
     tok.chat_template = TOOL_TEMPLATE
     save_model(model, tok, path)
     return str(path)
+
+
+class Scripted:
+    """A generator whose turn t of every row emits script[t] (or the row's own list), encoded by ``tok``, stopping
+    like the HF generator would at a stop string; records every request it is given (the tool loops' tests)."""
+
+    def __init__(self, script, tok):
+        self.script, self.tok, self.requests, self.turn = script, tok, [], 0
+
+    def sync_weights(self, model):
+        pass
+
+    def generate(self, requests, params, rng):
+        self.requests.append(requests)
+        out = []
+        for i, r in enumerate(requests):
+            text = self.script[self.turn] if isinstance(self.script[self.turn], str) else self.script[self.turn][i]
+            ids = list(r.prefix) + self.tok.encode(text, add_special_tokens=False)
+            eos = text.endswith("<eos>") or any(text.endswith(s) for s in params.stop)
+            cap = r.max_tokens if r.max_tokens is not None else params.max_tokens
+            reason = "stop" if eos and len(ids) <= cap else "length"
+            ids = ids[:cap]
+            forced = [True] * len(r.prefix) + [False] * (len(ids) - len(r.prefix))
+            out.append(Completion(torch.tensor(ids), torch.full((len(ids),), -0.5), reason, torch.tensor(forced)))
+        self.turn += 1
+        return out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import tool_tokenizer
+from support import Scripted, tool_tokenizer
 
 from groupwise.config import ToolsConfig, load
 from groupwise.isolation import CAN_FORK
@@ -21,7 +21,7 @@ from groupwise.loop.tools import ToolLoop, schemas
 from groupwise.models.tiny import build_tokenizer
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Request, SamplingParams, to_sample
-from groupwise.types import Completion, Problem
+from groupwise.types import Problem
 
 TOK = tool_tokenizer()
 PARAMS = SamplingParams(max_tokens=300, temperature=1.0)
@@ -48,33 +48,11 @@ def enc(text):
     return TOK.encode(text, add_special_tokens=False)
 
 
-class Scripted:
-    """Turn t of row i emits script[t] (a string, or one per row), ending with EOS as a model turn does."""
-
-    def __init__(self, script):
-        self.script, self.requests, self.turn = script, [], 0
-
-    def sync_weights(self, model):
-        pass
-
-    def generate(self, requests, params, rng):
-        self.requests.append(requests)
-        out = []
-        for i, r in enumerate(requests):
-            text = self.script[self.turn] if isinstance(self.script[self.turn], str) else self.script[self.turn][i]
-            ids = enc(text)[:r.max_tokens]
-            reason = "stop" if text.endswith("<eos>") and len(ids) == len(enc(text)) else "length"
-            out.append(Completion(torch.tensor(ids), torch.full((len(ids),), -0.5), reason,
-                                  torch.zeros(len(ids), dtype=torch.bool)))
-        self.turn += 1
-        return out
-
-
 def chat_loop(script, tools=None, episodes=None, **kw):
     tools = {"add": add, "mul": mul} if tools is None else tools
     cfg = ToolsConfig(protocol="chat", **{"turn_tokens": 200, **kw})  # a character tokenizer: long calls
     chat = ChatTemplate(TOK, [tool_schema(n, f) for n, f in tools.items()] if tools else [], "'test'")
-    inner = Scripted(script)
+    inner = Scripted(script, TOK)
     return ToolLoop(inner, tools, TOK, cfg, chat, episodes), inner
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import Scripted
 
 from groupwise.config import ToolsConfig, load
 from groupwise.isolation import CAN_FORK
@@ -17,39 +18,13 @@ from groupwise.loop.tools import ToolLoop
 from groupwise.models.tiny import build_tokenizer
 from groupwise.registry import ConfigError
 from groupwise.rollout.base import Request, SamplingParams, to_sample
-from groupwise.types import Completion, Group, Problem
+from groupwise.types import Group, Problem
 
 TOK = build_tokenizer()
 
 
-class Scripted:
-    """Turn t of every row emits script[t] (or the row's own list), stopping like the HF generator would at a
-    stop string; records every request it is given."""
-
-    def __init__(self, script):
-        self.script, self.requests, self.turn = script, [], 0
-
-    def sync_weights(self, model):
-        pass
-
-    def generate(self, requests, params, rng):
-        self.requests.append(requests)
-        out = []
-        for i, r in enumerate(requests):
-            text = self.script[self.turn] if isinstance(self.script[self.turn], str) else self.script[self.turn][i]
-            ids = list(r.prefix) + TOK.encode(text, add_special_tokens=False)
-            eos = text.endswith("<eos>") or any(text.endswith(s) for s in params.stop)
-            cap = r.max_tokens if r.max_tokens is not None else params.max_tokens
-            reason = "stop" if eos and len(ids) <= cap else "length"
-            ids = ids[:cap]
-            forced = [True] * len(r.prefix) + [False] * (len(ids) - len(r.prefix))
-            out.append(Completion(torch.tensor(ids), torch.full((len(ids),), -0.5), reason, torch.tensor(forced)))
-        self.turn += 1
-        return out
-
-
 def loop(script, tool=lambda q: f"hit {q}", **kw):
-    inner = Scripted(script)
+    inner = Scripted(script, TOK)
     cfg = ToolsConfig(**kw)
     return ToolLoop(inner, {cfg.tool: tool}, TOK, cfg), inner
 
@@ -141,7 +116,7 @@ def test_a_process_with_a_hung_tool_call_still_exits():
     here = Path(__file__).parent
     # not an hour: the abandoned call is not joined at exit (a joined one would run into the timeout); the bound
     # leaves room for the interpreter and torch to start on a loaded machine (31 s seen beside two training runs)
-    out = subprocess.run([sys.executable, "-c", code, str(here), str(here.parents[2] / "src")],
+    out = subprocess.run([sys.executable, "-c", code, str(here), str(here.parents[1]), str(here.parents[2] / "src")],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
 
@@ -207,5 +182,5 @@ def test_a_tool_stuck_in_c_code_or_exiting_is_killed_counted_and_the_run_goes_on
 def test_groupwises_own_tool_runs_in_threads_by_default():
     from groupwise.standard.search import Search
 
-    assert ToolLoop(Scripted([]), {"search": Search.search}, TOK, ToolsConfig()).pool is None
-    assert ToolLoop(Scripted([]), {"search": Search.search}, TOK, ToolsConfig(isolation="process")).pool == []
+    assert ToolLoop(Scripted([], TOK), {"search": Search.search}, TOK, ToolsConfig()).pool is None
+    assert ToolLoop(Scripted([], TOK), {"search": Search.search}, TOK, ToolsConfig(isolation="process")).pool == []
