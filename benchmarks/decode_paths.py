@@ -9,7 +9,8 @@ matrix products (one [rows x E] @ [E x out] per fused projection, the LM head in
 the most any decode path of this model and row count could reach without changing the GEMMs themselves.
 
 ``--paths`` picks the generators, alternated in the order given: ``model``, ``fused``, ``bf16`` (``decode: fused``
-with ``dtype: bf16``: the fused step's GEMMs and KV buffer in bfloat16) and ``multinomial`` (``decode: fused`` with
+with ``dtype: bf16``: the fused step's GEMMs and KV buffer in bfloat16), ``int8`` (``dtype: int8``: its GEMMs in
+int8, fbgemm's dynamic linear) and ``multinomial`` (``decode: fused`` with
 ``sampler: multinomial``, the sampler before 2026-12-06, instead of ``race``); the last line gives the first path's
 time over each other's. ``--mismatch`` then samples ``--prompts`` x ``--group`` rows with every path but ``model``
 at temperature 1 with the model's real EOS, teacher-forces them in float32 (``forward.completion_logprobs``, the
@@ -30,7 +31,10 @@ first ``--prompts`` training problems as the recipe prompts them, ``--max-tokens
     PYTHONPATH=src python benchmarks/decode_paths.py --recipe recipes/smollm2_math.yaml --paths fused,bf16 \
                                                      --no-bound --mismatch [--prefill]
     PYTHONPATH=src python benchmarks/decode_paths.py --sampler-cost 49152       # the sampler alone, 64 rows
+    PYTHONPATH=src python benchmarks/decode_paths.py --gemm-cost                # the decode's GEMMs alone, 64 rows
 
+``--gemm-cost`` times only the GEMMs of SmolLM2-135M's fused decode step, one shape at a time on ``--prompts`` x
+``--group`` rows: float32, the ``int8`` path's, fp16 weights and weight-only int8, with each one's relative error.
 ``--sampler-cost VOCAB`` times only the draw of one decode step (``torch.multinomial`` against the ``race`` sampler,
 ``hf.sample_rows``) on ``--prompts`` x ``--group`` rows of a VOCAB-token softmax.
 """
@@ -56,11 +60,13 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override (repeatable)")
     p.add_argument("--no-bound", action="store_true", help="skip the GEMM-only loop")
     p.add_argument("--paths", default="model,fused",
-                   help="comma-separated: model, fused, bf16, multinomial (default model,fused)")
+                   help="comma-separated: model, fused, bf16, int8, multinomial (default model,fused)")
     p.add_argument("--mismatch", action="store_true", help="sampler vs float32 trainer log-probs, per non-model path")
     p.add_argument("--prefill", action="store_true", help="time the prefill alone: float32 vs autocast bf16")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--gemm-cost", action="store_true", help="only time SmolLM2's decode GEMM shapes: fp32, int8, "
+                   "fp16 weights, weight-only int8")
     p.add_argument("--sampler-cost", type=int, metavar="VOCAB", help="only time one decode step's draw: "
                    "torch.multinomial against hf.sample_rows over --prompts x --group rows of VOCAB tokens")
     a = p.parse_args()
@@ -68,6 +74,9 @@ def main() -> None:
 
     if a.sampler_cost:
         sampler_cost(a.prompts * a.group, a.sampler_cost, a.repeats, a.threads)
+        return
+    if a.gemm_cost:
+        gemm_cost(a.prompts * a.group, a.repeats, a.threads)
         return
 
     from groupwise.adapters import base_model
@@ -99,7 +108,7 @@ def main() -> None:
     a.max_tokens = a.max_tokens or 64
     params = SamplingParams(max_tokens=a.max_tokens, temperature=1.0)
     kinds = {"model": HFConfig(decode="model"), "fused": HFConfig(decode="fused"),
-             "bf16": HFConfig(decode="fused", dtype="bf16"),
+             "bf16": HFConfig(decode="fused", dtype="bf16"), "int8": HFConfig(decode="fused", dtype="int8"),
              "multinomial": HFConfig(decode="fused", sampler="multinomial")}
     gens = {d: HFGenerator(kinds[d], model, tok) for d in a.paths.split(",")}
     for g in gens.values():
@@ -194,6 +203,46 @@ def sampler_cost(rows: int, vocab: int, repeats: int, threads: int) -> None:
     m, race = statistics.median(times["multinomial"]), statistics.median(times["race"])
     print(f"{rows} rows x {vocab} tokens, {threads} thread(s): multinomial {m:.1f} ms, race {race:.1f} ms a draw "
           f"({m / race:.2f}x)")
+
+
+def gemm_cost(rows: int, repeats: int, threads: int) -> None:
+    """CPU ms per call of each GEMM shape of SmolLM2-135M's fused decode step on ``rows`` rows (random weights and
+    inputs): float32 ``x @ w``, the int8 pack's ``quantized::linear_dynamic`` (``dtype: int8``), fp16 weights
+    (``quantized::linear_dynamic_fp16``) and weight-only int8 (``torch._weight_int8pack_mm``); median of ``repeats``
+    blocks of 10 calls, alternating; and each's relative output error against float32."""
+    import functools
+    import warnings
+
+    import torch
+
+    from groupwise.standard.fused import _pack, _qlinear
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    print(f"{rows} rows, {threads} thread(s): CPU ms per call (relative error against float32)")
+    for name, k, n in [("q|k|v", 576, 960), ("o", 576, 576), ("gate|up", 576, 3072), ("down", 1536, 576),
+                       ("lm head", 576, 49152)]:
+        w, x = torch.randn(n, k, generator=g) * 0.02, torch.randn(rows, k, generator=g)
+        wt, packed = w.t().contiguous(), _pack(w, None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fp16 = torch.ops.quantized.linear_prepack_fp16(w, None)
+        scale = w.abs().amax(1) / 127
+        w8 = torch.round(w / scale[:, None]).to(torch.int8)
+        calls = {"fp32": functools.partial(torch.matmul, x, wt), "int8": functools.partial(_qlinear, x, packed),
+                 "fp16 weights": functools.partial(torch.ops.quantized.linear_dynamic_fp16, x, fp16),
+                 "weight-only int8": functools.partial(torch._weight_int8pack_mm, x, w8, scale)}
+        times: dict[str, list[float]] = {c: [] for c in calls}
+        ref = calls["fp32"]()
+        err = {c: float((f() - ref).norm() / ref.norm()) for c, f in calls.items()}
+        for r in range(repeats):
+            for c, f in (calls.items() if r % 2 == 0 else reversed(calls.items())):
+                t = time.process_time()
+                for _ in range(10):
+                    f()
+                times[c].append((time.process_time() - t) / 10 * 1000)
+        print(f"{name:<8} {k}->{n}: " + ", ".join(f"{c} {statistics.median(v):.2f}" + (f" ({err[c]:.1e})" if c != "fp32"
+                                                   else "") for c, v in times.items()))
 
 
 def prefill_times(model, reqs, tok, repeats: int) -> None:

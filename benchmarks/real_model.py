@@ -59,13 +59,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/smollm2_math.yaml"
 ARMS = {"lora": [], "full": ["model.lora=null", "optim.lr=1e-5"]}
-# ``steps --arms before lora bf16``: the recipe under the defaults when the issue "A real-model step at least twice as
-# fast" was filed (each decode step the model's own forward), under today's defaults (``lora``: the fused decode
-# with the adapter folded in), and with both opt-in bf16 levers (generation and the update's passes in bfloat16,
-# with the importance-sampling correction their docs pair them with)
+# ``steps --arms before lora bf16 int8``: the recipe under the defaults when the issue "A real-model step at least
+# twice as fast" was filed (each decode step the model's own forward), under today's defaults (``lora``: the fused
+# decode with the adapter folded in), with both opt-in bf16 levers (generation and the update's passes in bfloat16),
+# and with int8 generation (the fused decode's GEMMs in int8), each with the importance-sampling correction their docs
+# pair them with
 STEP_ARMS = {**ARMS, "before": ["rollout.generator.decode=model"],
              "bf16": ["rollout.generator.dtype=bf16", "optim.autocast=bf16",
-                      "loss.importance_sampling={mode: token_truncate}"]}
+                      "loss.importance_sampling={mode: token_truncate}"],
+             "int8": ["rollout.generator.dtype=int8", "loss.importance_sampling={mode: token_truncate}"]}
 
 
 def _env(threads: int) -> dict:

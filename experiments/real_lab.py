@@ -173,6 +173,7 @@ COMMON = [f"trainer.steps={STEPS}", f"eval.every={EVAL_EVERY}", "trainer.save_ev
 # Agon, whose eval is its own greedy cascade (before and after). The report checks that a run's settings that decide
 # its eval (STEP0_KEYS) are GRPO's of its seed.
 BASELINES = ("grpo", "grpo_2ep")
+EVAL_FIXED = ["rollout.generator.dtype=model"]  # every eval samples in float32 (an arm may train with an int8 sampler)
 ARM_EVAL = ["eval.before=false", "eval.after=false", "eval.every=0"]
 FINAL_K, PASS_KS = 16, (1, 2, 4, 8, 16)
 STEP0_KEYS = ("seed", "model", "task", "rollout.generator", "rollout.max_completion_tokens", "trainer.threads",
@@ -345,6 +346,12 @@ ARMS = {
     "cispo": ["loss.terms=[cispo]", "optim.ppo_epochs=2"],
     "gmpo": ["loss.terms=[gmpo]", "loss.reduction=seq_mean_token_mean", "optim.ppo_epochs=2"],
     "maxrl": ["advantage=maxrl"],
+    # Issue 45's int8 generation lever (written 2026-12-07, before its runs; not a method): GRPO with the fused decode's
+    # GEMMs in int8 (rollout.generator.dtype=int8; measured on this model's decode: ~1.8x faster, mean |dlogp| ~0.1 a
+    # token, mismatch/kl ~0.05, docs/benchmarks.md) and the token-level truncated importance-sampling correction
+    # (cap 3, TRL's default). Every eval samples in float32 (EVAL_FIXED), so it reads the trained policy, not its int8
+    # sampler.
+    "grpo_int8": ["rollout.generator.dtype=int8", "loss.importance_sampling={mode: token_truncate}"],
     "agon": ["driver={name: agon, mode: competitive, rotate_roles: true, players: lora, rival_weight: 1.0, "
              "summary: running_totals}",
              "reward.terms=[{name: correctness, weight: 2.0}, {name: format, weight: 0.5}]",
@@ -429,6 +436,8 @@ EXPECT = {
              "their gradient; with ~0.03 nats/token of entropy few tokens are clipped here)",
     "gmpo": "pass@1 NO DIFFERENCE against grpo_2ep (its claim is stability: fewer extreme ratios)",
     "maxrl": "pass@16 and hard BETTER, pass@1 NO DIFFERENCE (it weighs a success by ~1/p: hard problems count more)",
+    "grpo_int8": "pass@1 NO DIFFERENCE (the correction absorbs the sampler's error), at ~0.6-0.7x GRPO's step time; if "
+                 "WORSE, the lever stays off and docs/benchmarks.md says so",
 }
 # The arm each method arm is paired against (same seed) where it is not GRPO.
 CONTROL = {"gspo": "grpo_2ep", "cispo": "grpo_2ep", "gmpo": "grpo_2ep"}
@@ -616,7 +625,7 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
         from groupwise.loop.setup import build
         from groupwise.registry import BuildEnv
 
-        fixed = [f"eval.k={k}", "trainer.threads=1"]
+        fixed = [f"eval.k={k}", "trainer.threads=1", *EVAL_FIXED]
         cfg = (load(RECIPE, [f"seed={seed}", *fixed]) if run is None else
                load(run_config(run), [f"model.path={latest_model_dir(run)}", "model.warm_start=false", *fixed]))
         p = build(cfg, train=False)
@@ -733,6 +742,8 @@ def check_step0(run: Path, base: Path) -> None:
         v = yaml.safe_load((d / "resolved_config.yaml").read_text())
         for part in key.split("."):
             v = v[part]
+        if key == "rollout.generator" and isinstance(v, dict):  # (every eval samples in float32: EVAL_FIXED)
+            v = {**v, "dtype": "model"}
         return v
 
     if diff := [k for k in STEP0_KEYS if setting(run, k) != setting(base, k)]:

@@ -105,12 +105,12 @@ def prompt_encoder(cfg: RunConfig, task: Task, tokenizer) -> Callable[[Any], tor
 def sync_check(cfg: RunConfig, task: Task, tokenizer) -> SyncCheck | None:
     """The run's weight-sync check (``rollout.sync_check``); none with ``none`` or when the generator's log-probs are
     scripted (``logprobs=False``: nothing to compare). The probe prompt is the task's first training problem; the
-    tolerance's default follows the sampler's precision (``model.dtype``, or bfloat16 for the ``hf`` generator's
-    ``dtype: bf16``, whose probe gap is its rounding)."""
+    tolerance's default follows the sampler's precision (``model.dtype``, or bfloat16 / int8 for the ``hf`` generator's
+    ``dtype: bf16`` or ``int8``, whose probe gap is its rounding)."""
     r = cfg.rollout
     if r.sync_check == "none" or not r.generator.entry.logprobs:
         return None
-    sampler = "bfloat16" if getattr(r.generator.cfg, "dtype", "model") == "bf16" else cfg.model.dtype
+    sampler = {"bf16": "bfloat16", "int8": "int8"}.get(getattr(r.generator.cfg, "dtype", "model"), cfg.model.dtype)
     return SyncCheck(r.sync_check, tolerance(r.sync_check_tol, sampler),
                      prompt_encoder(cfg, task, tokenizer)(task.train[0]), tokenizer.pad_token_id)
 

@@ -44,11 +44,23 @@ bfloat16 output cast to float32 (so they carry bfloat16 rounding, ~0.4% of a log
 log-probs are the float32 log-softmax of exactly those logits, i.e. the log-probs of the distribution the tokens
 were drawn from. With it the LM head must be a plain ``nn.Linear`` or a plain LoRA
 one, and the weights float32 (``unsupported(model, length, dtype)``).
+
+``dtype=torch.qint8`` (the ``hf`` generator's ``dtype: int8``; inexact by design, CPU only): the folded weights and
+the LM head's are rounded to int8 once per generate call, one symmetric scale per output row (max |w_row| / 127),
+and prepacked for fbgemm (``_pack``); every GEMM of the step is ``quantized::linear_dynamic``, which rounds its
+float32 input to 7 bits with one scale over the whole input tensor, multiplies in int8 with int32 accumulation and
+returns float32 (VNNI kernels on AVX512 CPUs). Everything else is the float32 step: the KV buffer, attention, the
+residual stream, norms, rotary and the prefill (the model's own float32 forward). The logits are the int8 head's,
+and sampling and the reported log-probs are the log-softmax of exactly those. The error is the activations'
+per-tensor rounding more than the weights': on SmolLM2-135M the mismatch per token against the float32 trainer is
+~100x bf16's, and each projection kind contributes, down_proj (whose inputs carry outlier channels) the most
+(docs/benchmarks.md, "Lever: int8 generation").
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import TYPE_CHECKING
 
 from groupwise.adapters import base_model
@@ -67,7 +79,8 @@ def _layers(model: torch.nn.Module):
 
 def unsupported(model: torch.nn.Module, length: int, dtype: torch.dtype | None = None) -> str | None:
     """None when the fused step computes ``model``'s decode exactly (up to summation order) for sequences of
-    ``length`` tokens, or with ``dtype`` (bfloat16) runs it in that precision; else a one-line reason."""
+    ``length`` tokens, or with ``dtype`` (bfloat16, or ``torch.qint8``: int8 GEMMs) runs it in that precision; else
+    a one-line reason."""
     model = base_model(model)  # a peft LoRA policy: the transformers model under it (its adapted layers checked below)
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "model_type", None)
@@ -97,6 +110,12 @@ def unsupported(model: torch.nn.Module, length: int, dtype: torch.dtype | None =
         if reason:
             return f"LM head: {reason}"
         weights = {p.dtype for p in model.parameters()}
+        if dtype == torch.qint8:
+            devices = {p.device.type for p in model.parameters()}
+            if devices != {"cpu"}:
+                return f"the int8 decode runs on CPU (fbgemm / qnnpack), the model is on {'/'.join(sorted(devices))}"
+            if torch.backends.quantized.engine == "none":
+                return "no quantized engine in this torch build (torch.backends.quantized.supported_engines)"
         if weights != {torch.float32}:
             return (f"{'/'.join(sorted(str(d)[6:] for d in weights))} weights (a {str(dtype)[6:]} decode casts a "
                     "float32 model's)")
@@ -190,7 +209,9 @@ class FusedDecoder:
     @no_grad
     def __init__(self, model: torch.nn.Module, cache, attn: Tensor, new_tokens: int,
                  dtype: torch.dtype | None = None):
-        self.model, self.dtype = base_model(model), dtype
+        self.model = base_model(model)
+        self.int8 = dtype == torch.qint8  # the GEMMs in int8 (fbgemm's dynamic linear), all else float32
+        self.dtype = None if self.int8 else dtype  # the GEMMs', attention's and KV buffer's low precision (bf16)
         self.layers = list(_layers(self.model))
         att0 = self.layers[0].self_attn
         self.head_dim, self.scaling = att0.head_dim, att0.scaling
@@ -199,16 +220,22 @@ class FusedDecoder:
         self.w = []  # per layer: (qkv^T, its bias, o_proj, gate|up^T, its bias, intermediate size, down_proj)
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
-            self.w.append((*_cast(*_fused(a.q_proj, a.k_proj, a.v_proj), dtype), _cast(*_weight(a.o_proj), dtype),
-                           *_cast(*_fused(m.gate_proj, m.up_proj), dtype), m.up_proj.out_features,
-                           _cast(*_weight(m.down_proj), dtype)))
-        # the LM head: the model's own module (dtype None), else a copy of its (folded) weight in dtype
-        self.head = None if dtype is None else _cast(*_weight(self.model.lm_head), dtype)
+            qkv, gu = _fused(a.q_proj, a.k_proj, a.v_proj), _fused(m.gate_proj, m.up_proj)
+            if self.int8:  # (packs of [out, in]; the bias inside the pack)
+                self.w.append((_pack(qkv[0].t(), qkv[1]), None, (_pack(*_weight(a.o_proj)),),
+                               _pack(gu[0].t(), gu[1]), None, m.up_proj.out_features,
+                               (_pack(*_weight(m.down_proj)),)))
+            else:
+                self.w.append((*_cast(*qkv, dtype), _cast(*_weight(a.o_proj), dtype), *_cast(*gu, dtype),
+                               m.up_proj.out_features, _cast(*_weight(m.down_proj), dtype)))
+        # the LM head: the model's own module (dtype None), else a copy of its (folded) weight in dtype, or its pack
+        head = None if dtype is None else _weight(self.model.lm_head)
+        self.head = head and ((_pack(*head),) if self.int8 else _cast(*head, dtype))
         rows, width = attn.shape
         first = cache.layers[0].keys
         shape = (len(self.layers), rows, self.kv_heads, width + new_tokens, self.head_dim)
-        self.k = first.new_zeros(shape, dtype=dtype or first.dtype)
-        self.v = first.new_zeros(shape, dtype=dtype or first.dtype)
+        self.k = first.new_zeros(shape, dtype=self.dtype or first.dtype)
+        self.v = first.new_zeros(shape, dtype=self.dtype or first.dtype)
         for i, layer_cache in enumerate(cache.layers):
             self.k[i, :, :, :width] = layer_cache.keys
             self.v[i, :, :, :width] = layer_cache.values
@@ -236,7 +263,7 @@ class FusedDecoder:
         for i, (layer, (w_qkv, b_qkv, w_o, w_gu, b_gu, inter, w_down)) in enumerate(zip(self.layers, self.w)):
             a = layer.self_attn
             x = layer.input_layernorm(h).to(lo)
-            qkv = x @ w_qkv if b_qkv is None else torch.addmm(b_qkv, x, w_qkv)
+            qkv = self._mm(x, w_qkv, b_qkv)
             q, k, v = qkv.split([qn, kn, kn], dim=-1)
             q, k = q.view(b, 1, self.heads, d), k.view(b, 1, self.kv_heads, d)
             if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head before RoPE
@@ -251,15 +278,44 @@ class FusedDecoder:
                                                    enable_gqa=self.heads != self.kv_heads)
             else:
                 o = _attend(q, self.k[i, :, :, :n + 1], self.v[i, :, :, :n + 1], mask, self.scaling)
-            h = h + F.linear(o.reshape(b, qn), *w_o)  # what o_proj computes (nn.Linear: the same call)
+            h = h + self._linear(o.reshape(b, qn), w_o)  # what o_proj computes (nn.Linear: the same call)
             x = layer.post_attention_layernorm(h).to(lo)
-            gu = x @ w_gu if b_gu is None else torch.addmm(b_gu, x, w_gu)
+            gu = self._mm(x, w_gu, b_gu)
             g, u = gu.split([inter, inter], dim=-1)
-            h = h + F.linear(F.silu(g) * u, *w_down)
+            h = h + self._linear(F.silu(g) * u, w_down)
         self.n = n + 1
         if self.head is None:
             return self.model.lm_head(inner.norm(h))
-        return F.linear(inner.norm(h).to(lo), *self.head).float()
+        return self._linear(inner.norm(h).to(lo), self.head).float()
+
+    def _mm(self, x: Tensor, w, b: Tensor | None) -> Tensor:
+        """``x @ w + b`` for a fused projection (``w`` [in, out]), or its int8 pack's product."""
+        if self.int8:
+            return _qlinear(x, w)
+        return x @ w if b is None else torch.addmm(b, x, w)
+
+    def _linear(self, x: Tensor, wb: tuple) -> Tensor:
+        """``F.linear(x, w, b)`` (what an ``nn.Linear`` computes), or its int8 pack's product."""
+        return _qlinear(x, wb[0]) if self.int8 else torch.nn.functional.linear(x, *wb)
+
+
+def _pack(w: Tensor, b: Tensor | None):
+    """``w`` [out, in] (float32) rounded to int8 with one symmetric scale per output row (max |w_row| / 127) and
+    prepacked for fbgemm's dynamic linear, with ``b`` (float32) inside the pack."""
+    w = w.detach()
+    scale = (w.abs().amax(1).clamp_min(1e-12) / 127).double()
+    with warnings.catch_warnings():  # (quantized tensors are deprecated in torch; the op is in the pinned 2.13)
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(q, None if b is None else b.detach())
+
+
+def _qlinear(x: Tensor, packed) -> Tensor:
+    """``x @ w^T + b`` with the packed int8 ``w``: fbgemm quantizes ``x`` per call to 7-bit unsigned with one
+    scale and zero point over the whole tensor (``reduce_range`` on x86: the 16-bit pairwise sums of AVX2's int8
+    multiply cannot saturate; qnnpack, on ARM, takes 8 bits), multiplies in int8 with int32 accumulation, and
+    returns float32."""
+    return torch.ops.quantized.linear_dynamic(x, packed, torch.backends.quantized.engine != "qnnpack")
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
