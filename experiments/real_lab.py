@@ -134,6 +134,13 @@ Running table (updated as runs finish; done / left):
   0.147); 70-150 s a step (what shared the cores).
 - WRITTEN 2026-12-07 (issue 46, before any run; smoked, the comments at ARMS): the peers' objectives as arms, GSPO,
   CISPO and GMPO with two passes against ``grpo_2ep`` (CONTROL), MaxRL against GRPO; queued after the sixteen.
+- WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
+  correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
+  It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
+  with no run in flight, after smoking one arm there.
+- RUNNING 2026-12-07 03:50-05:15: GRPO seed 2, stopped at its step-20 checkpoint for the test suite (first in the
+  queue: it resumes there). LamPO seed 0 trained (60 steps, ~75 s a step beside the other lane) and went to its
+  FINAL_K eval.
 - LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
@@ -347,10 +354,10 @@ ARMS = {
     "gmpo": ["loss.terms=[gmpo]", "loss.reduction=seq_mean_token_mean", "optim.ppo_epochs=2"],
     "maxrl": ["advantage=maxrl"],
     # Issue 45's int8 generation lever (written 2026-12-07, before its runs; not a method): GRPO with the fused decode's
-    # GEMMs in int8 (rollout.generator.dtype=int8; measured on this model's decode: ~1.8x faster, mean |dlogp| ~0.1 a
-    # token, mismatch/kl ~0.05, docs/benchmarks.md) and the token-level truncated importance-sampling correction
-    # (cap 3, TRL's default). Every eval samples in float32 (EVAL_FIXED), so it reads the trained policy, not its int8
-    # sampler.
+    # GEMMs in int8 (rollout.generator.dtype=int8, smoothed; measured on this recipe's decode: 1.5-1.9x faster, mean
+    # |dlogp| 0.012 a token, p99 0.32, mismatch/kl 3.1e-3, docs/benchmarks.md) and the token-level truncated
+    # importance-sampling correction (cap 3, TRL's default). Every eval samples in float32 (EVAL_FIXED), so it reads
+    # the trained policy, not its int8 sampler.
     "grpo_int8": ["rollout.generator.dtype=int8", "loss.importance_sampling={mode: token_truncate}"],
     "agon": ["driver={name: agon, mode: competitive, rotate_roles: true, players: lora, rival_weight: 1.0, "
              "summary: running_totals}",

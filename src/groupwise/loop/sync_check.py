@@ -58,7 +58,8 @@ PROBE_TOKENS = 32
 DEFAULT_TOL = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 5e-2, "float16": 5e-2, "int8": 0.25}
 """``sync_check_tol: 0``: the tolerance by ``model.dtype`` (fp32: ~3000x a good sync's measured gap, ~4-18x below a
 one-step-stale lab engine's; half precision: ~5x the expected bf16 noise), or by the sampler's precision (the ``hf``
-generator's ``dtype: int8``: ~2-3x its mean |Δ log p| on the real model at T = 1, 0.08-0.12)."""
+generator's ``dtype: int8``: ~2-3x its mean |Δ log p| on the real model at T = 1 before its smoothing, 0.08-0.12;
+1e-2 to 5e-2 since)."""
 
 
 def shares(engine, model: torch.nn.Module) -> bool:

@@ -267,8 +267,13 @@ class ToolLoop:
                 self._env_failed(e, outcome)
 
     def _env_failed(self, e: _Episode, outcome: Outcome) -> None:
-        e.meta["tool_timeouts" if outcome is None else "tool_errors"] += 1
-        e.meta["env_error"] = "timeout" if outcome is None else _first_line(outcome[1])
+        """Count an environment call that failed: the loop's ``timeout_s`` passing, or the environment's own
+        ``TimeoutError`` (its own limit, e.g. OpenEnv's ``task.timeout_s``, which can fire first), as a timeout
+        (``env_error`` "timeout", then the environment's message if it raised), anything else as an error."""
+        err = None if outcome is None else outcome[1]
+        timed_out = err is None or isinstance(err, TimeoutError)
+        e.meta["tool_timeouts" if timed_out else "tool_errors"] += 1
+        e.meta["env_error"] = "timeout" if err is None else ("timeout: " if timed_out else "") + _first_line(err)
 
     def _finish(self, eps: list[_Episode]) -> list[Completion]:
         """The completions, each episode closed (concurrently, bounded) and what its ``close`` returns in meta."""

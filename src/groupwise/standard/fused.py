@@ -46,15 +46,18 @@ were drawn from. With it the LM head must be a plain ``nn.Linear`` or a plain Lo
 one, and the weights float32 (``unsupported(model, length, dtype)``).
 
 ``dtype=torch.qint8`` (the ``hf`` generator's ``dtype: int8``; inexact by design, CPU only): the folded weights and
-the LM head's are rounded to int8 once per generate call, one symmetric scale per output row (max |w_row| / 127),
-and prepacked for fbgemm (``_pack``); every GEMM of the step is ``quantized::linear_dynamic``, which rounds its
-float32 input to 7 bits with one scale over the whole input tensor, multiplies in int8 with int32 accumulation and
-returns float32 (VNNI kernels on AVX512 CPUs). Everything else is the float32 step: the KV buffer, attention, the
-residual stream, norms, rotary and the prefill (the model's own float32 forward). The logits are the int8 head's,
-and sampling and the reported log-probs are the log-softmax of exactly those. The error is the activations'
-per-tensor rounding more than the weights': on SmolLM2-135M the mismatch per token against the float32 trainer is
-~100x bf16's, and each projection kind contributes, down_proj (whose inputs carry outlier channels) the most
-(docs/benchmarks.md, "Lever: int8 generation").
+the LM head's are rounded to int8 once per generate call, one symmetric scale per output row, and prepacked for
+fbgemm (``_pack``); every GEMM of the step is ``quantized::linear_dynamic``, which rounds its float32 input to 7 bits
+with one scale over the whole input tensor, multiplies in int8 with int32 accumulation and returns float32 (VNNI
+kernels on AVX512 CPUs). One scale over the input cannot resolve the outlier channels of an LM's activations (on
+SmolLM2 down_proj's input carries the largest share of the error), so each GEMM is smoothed as in SmoothQuant: the
+``hf`` generator records each GEMM input's per-channel range during its prefill (``ActRanges``, the model's own
+float32 forward over the prompts) and ``_pack`` moves a share (``SMOOTH_ALPHA``) of it into the weights before the
+rounding; the decode multiplies each GEMM's input by the inverse factor (one element-wise product). Everything else
+is the float32 step: the KV buffer, attention, the residual stream, norms, rotary and the prefill. The logits are
+the int8 head's, and sampling and the reported log-probs are the log-softmax of exactly those. The sampler's
+mismatch against the float32 trainer stays 4.5-30x bf16's (``mismatch/kl`` 3e-3 to 1.4e-2 a token on SmolLM2;
+docs/benchmarks.md, "Lever: int8 generation").
 """
 
 from __future__ import annotations
@@ -114,8 +117,8 @@ def unsupported(model: torch.nn.Module, length: int, dtype: torch.dtype | None =
             devices = {p.device.type for p in model.parameters()}
             if devices != {"cpu"}:
                 return f"the int8 decode runs on CPU (fbgemm / qnnpack), the model is on {'/'.join(sorted(devices))}"
-            if torch.backends.quantized.engine == "none":
-                return "no quantized engine in this torch build (torch.backends.quantized.supported_engines)"
+            if torch.backends.quantized.engine == "none" or not hasattr(torch.ops.quantized, "linear_dynamic"):
+                return "no quantized dynamic linear in this torch build (torch.backends.quantized.supported_engines)"
         if weights != {torch.float32}:
             return (f"{'/'.join(sorted(str(d)[6:] for d in weights))} weights (a {str(dtype)[6:]} decode casts a "
                     "float32 model's)")
@@ -204,11 +207,12 @@ def _fused(*lins: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
 
 class FusedDecoder:
     """The decode state of one generate call: fused weights, the KV buffer and its key mask; with ``dtype``
-    (bfloat16) the weights, the head's copy and the buffer in that precision (module docstring)."""
+    (bfloat16) the weights, the head's copy and the buffer in that precision, or (``torch.qint8``) the weights and
+    the head's as int8 packs, smoothed by ``ranges`` (``ActRanges.amax``) where given (module docstring)."""
 
     @no_grad
     def __init__(self, model: torch.nn.Module, cache, attn: Tensor, new_tokens: int,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, ranges: dict | None = None):
         self.model = base_model(model)
         self.int8 = dtype == torch.qint8  # the GEMMs in int8 (fbgemm's dynamic linear), all else float32
         self.dtype = None if self.int8 else dtype  # the GEMMs', attention's and KV buffer's low precision (bf16)
@@ -218,19 +222,20 @@ class FusedDecoder:
         self.heads = att0.q_proj.out_features // self.head_dim  # a peft lora.Linear has its base's sizes
         self.kv_heads = att0.k_proj.out_features // self.head_dim
         self.w = []  # per layer: (qkv^T, its bias, o_proj, gate|up^T, its bias, intermediate size, down_proj)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             a, m = layer.self_attn, layer.mlp
             qkv, gu = _fused(a.q_proj, a.k_proj, a.v_proj), _fused(m.gate_proj, m.up_proj)
-            if self.int8:  # (packs of [out, in]; the bias inside the pack)
-                self.w.append((_pack(qkv[0].t(), qkv[1]), None, (_pack(*_weight(a.o_proj)),),
-                               _pack(gu[0].t(), gu[1]), None, m.up_proj.out_features,
-                               (_pack(*_weight(m.down_proj)),)))
+            if self.int8:  # (packs of [out, in]; the bias inside the pack; smoothed by the input ranges if known)
+                r = (ranges or {}).get
+                self.w.append((_pack(qkv[0].t(), qkv[1], r((i, "qkv"))), None,
+                               (_pack(*_weight(a.o_proj), r((i, "o"))),), _pack(gu[0].t(), gu[1], r((i, "gu"))), None,
+                               m.up_proj.out_features, (_pack(*_weight(m.down_proj), r((i, "down"))),)))
             else:
                 self.w.append((*_cast(*qkv, dtype), _cast(*_weight(a.o_proj), dtype), *_cast(*gu, dtype),
                                m.up_proj.out_features, _cast(*_weight(m.down_proj), dtype)))
         # the LM head: the model's own module (dtype None), else a copy of its (folded) weight in dtype, or its pack
         head = None if dtype is None else _weight(self.model.lm_head)
-        self.head = head and ((_pack(*head),) if self.int8 else _cast(*head, dtype))
+        self.head = head and ((_pack(*head, (ranges or {}).get("head")),) if self.int8 else _cast(*head, dtype))
         rows, width = attn.shape
         first = cache.layers[0].keys
         shape = (len(self.layers), rows, self.kv_heads, width + new_tokens, self.head_dim)
@@ -299,23 +304,69 @@ class FusedDecoder:
         return _qlinear(x, wb[0]) if self.int8 else torch.nn.functional.linear(x, *wb)
 
 
-def _pack(w: Tensor, b: Tensor | None):
+SMOOTH_ALPHA = 0.5
+"""The migration strength of the int8 decode's smoothing (SmoothQuant's α; its paper's default). Measured on
+SmolLM2-135M (smollm2_math, 32 rows x 48 tokens, ``mismatch/kl`` per token): none 4.2e-2, α 0.35 2.0e-2, 0.5
+8.8e-3, 0.75 1.7e-2 (docs/benchmarks.md, "Lever: int8 generation")."""
+
+
+class ActRanges:
+    """Records, while a forward of the model's own modules runs inside it (the generator's prefill), each GEMM input's
+    per-channel max |x| over every token: the input of q_proj (q/k/v's), o_proj, gate_proj (gate/up's) and
+    down_proj of every layer, and the final norm's output (the LM head's input at every position: the prefill's
+    head runs on the last one only). ``amax`` maps ``(layer, "qkv" | "o" | "gu" | "down")`` and ``"head"`` to a
+    float32 vector; a recorded ``FusedDecoder`` smooths its int8 GEMMs with them (``_pack``)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.amax, self._hooks = base_model(model), {}, []
+
+    def __enter__(self) -> ActRanges:
+        for i, layer in enumerate(_layers(self.model)):
+            a, m = layer.self_attn, layer.mlp
+            for key, mod in (((i, "qkv"), a.q_proj), ((i, "o"), a.o_proj), ((i, "gu"), m.gate_proj),
+                             ((i, "down"), m.down_proj)):
+                self._hooks.append(mod.register_forward_pre_hook(lambda _, inp, key=key: self._see(key, inp[0])))
+        self._hooks.append(self.model.model.norm.register_forward_hook(lambda _, __, out: self._see("head", out)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _see(self, key, x: Tensor) -> None:
+        m = x.detach().reshape(-1, x.shape[-1]).abs().amax(0).float()
+        self.amax[key] = m if key not in self.amax else torch.maximum(self.amax[key], m)
+
+
+def _pack(w: Tensor, b: Tensor | None, amax: Tensor | None = None):
     """``w`` [out, in] (float32) rounded to int8 with one symmetric scale per output row (max |w_row| / 127) and
-    prepacked for fbgemm's dynamic linear, with ``b`` (float32) inside the pack."""
-    w = w.detach()
+    prepacked for fbgemm's dynamic linear, with ``b`` (float32) inside the pack; and the factor its input is
+    multiplied by first (None: 1). With ``amax`` (the input's per-channel max |x|, ``ActRanges``), SmoothQuant's
+    smoothing: input channel j is divided by s_j = amax_j^α / max_i |w_ij|^(1-α) (α = SMOOTH_ALPHA) and column j of
+    ``w`` multiplied by it before the rounding, the same product in exact arithmetic, so that the outlier channels
+    that one per-tensor 7-bit scale of the input cannot resolve move into the weights' per-row scales."""
+    w, inv = w.detach(), None
+    if amax is not None:
+        s = (amax.clamp_min(1e-5) ** SMOOTH_ALPHA / w.abs().amax(0).clamp_min(1e-5) ** (1 - SMOOTH_ALPHA)).clamp_min(
+            1e-5)
+        w, inv = w * s, 1.0 / s
     scale = (w.abs().amax(1).clamp_min(1e-12) / 127).double()
     with warnings.catch_warnings():  # (quantized tensors are deprecated in torch; the op is in the pinned 2.13)
         warnings.simplefilter("ignore")
         q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
-    return torch.ops.quantized.linear_prepack(q, None if b is None else b.detach())
+    return torch.ops.quantized.linear_prepack(q, None if b is None else b.detach()), inv
 
 
-def _qlinear(x: Tensor, packed) -> Tensor:
-    """``x @ w^T + b`` with the packed int8 ``w``: fbgemm quantizes ``x`` per call to 7-bit unsigned with one
+def _qlinear(x: Tensor, pack) -> Tensor:
+    """``x @ w^T + b`` with ``_pack``'s int8 ``w`` (``pack``: the prepacked weight and its input factor): fbgemm
+    quantizes ``x`` (times the factor) per call to 7-bit unsigned with one
     scale and zero point over the whole tensor (``reduce_range`` on x86: the 16-bit pairwise sums of AVX2's int8
     multiply cannot saturate; qnnpack, on ARM, takes 8 bits), multiplies in int8 with int32 accumulation, and
     returns float32."""
-    return torch.ops.quantized.linear_dynamic(x, packed, torch.backends.quantized.engine != "qnnpack")
+    packed, inv = pack
+    return torch.ops.quantized.linear_dynamic(x if inv is None else x * inv, packed,
+                                              torch.backends.quantized.engine != "qnnpack")
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:

@@ -60,10 +60,11 @@ class HFConfig:
     type, a non-float32 model, a head other than ``nn.Linear`` / plain LoRA); a length it cannot cover at
     generate time (a sliding window shorter than the sequence) decodes that call in float32 with one warning.
     ``int8`` (CPU only): the fused decode's GEMMs, the LM head's too, in int8 (fbgemm's dynamic linear: weights
-    rounded per output row once per call, each GEMM's input rounded to 7 bits per call), all else float32 (the
-    prefill, KV buffer and attention included). Decode 1.8x faster than ``model`` on SmolLM2 on an AVX512-VNNI CPU,
-    at ~100x bf16's mismatch (mean |Δ log p| ~0.1 per token, p99 ~1.9, ``mismatch/kl`` ~0.05;
-    docs/benchmarks.md): pair it with ``loss.importance_sampling``; refused as ``bf16`` is, and on another device."""
+    rounded per output row once per call, each GEMM's input rounded to 7 bits per call, smoothed by the input ranges
+    the prefill records), all else float32 (the prefill, KV buffer and attention included). Decode 1.5-1.9x faster
+    than ``model`` on SmolLM2 on an AVX512-VNNI CPU, at 4.5-30x bf16's mismatch (``mismatch/kl`` 3e-3 to 1.4e-2 a
+    token; docs/benchmarks.md): pair it with ``loss.importance_sampling``; refused as ``bf16`` is, and on another
+    device."""
     sampler: Literal["race", "multinomial"] = "race"
     """How a token is drawn from the temperature-scaled (top-p filtered) distribution: ``race``, the exponential
     race of ``sample_rows`` (float32 uniforms; ~3.6x cheaper than ``multinomial`` over a 49k vocabulary), or
@@ -144,6 +145,17 @@ class HFGenerator:
                                           self.cfg.share_prefill, self.cfg.share_common_prefix)
         return cache, logits, attn, attn.sum(-1)  # logits [B, V]; next positions [B]
 
+    def _start(self, reqs: list[Request], is_fused: bool, steps: int):
+        """The prefill's (logits, next positions) and the decoder that continues from its cache; the int8 fused
+        decoder gets the prefill's GEMM input ranges (``fused.ActRanges``) for its smoothing."""
+        ranges = fused.ActRanges(self.model) if is_fused and self._dtype == torch.qint8 else contextlib.nullcontext()
+        with ranges:
+            cache, logits, attn, next_pos = self._prefill(reqs, is_fused and self._dtype == torch.bfloat16)
+        if not is_fused:
+            return logits, next_pos, _ModelDecoder(self.model, cache, attn, self._cache_kw)
+        return logits, next_pos, fused.FusedDecoder(self.model, cache, attn, steps, self._dtype,
+                                                    getattr(ranges, "amax", None))
+
     def _pick(self, logits: Tensor, params: SamplingParams, rng: torch.Generator) -> tuple[Tensor, Tensor]:
         """(sampled or greedy token [A], the temperature-scaled log-softmax [A, V] it was drawn from)."""
         temp = params.temperature
@@ -181,9 +193,7 @@ class HFGenerator:
 
         st = _Decode.start(reqs, params, self.pad_id)
         is_fused = self._fused(max(len(r.prompt_ids) for r in reqs) + st.steps)  # (the prefill's width)
-        cache, logits, attn, next_pos = self._prefill(reqs, is_fused and self._dtype == torch.bfloat16)
-        dec = (fused.FusedDecoder(self.model, cache, attn, st.steps, self._dtype) if is_fused
-               else _ModelDecoder(self.model, cache, attn, self._cache_kw))
+        logits, next_pos, dec = self._start(reqs, is_fused, st.steps)
         eos = self.eos_ids.to(logits.device)
         for t in range(st.steps):
             tok, lp = self._pick(logits, params, rng)

@@ -85,9 +85,9 @@ def test_bf16_decoder_holds_bf16_weights_and_kv(tokenizer):
 
 
 def test_int8_decoder_holds_per_row_int8_packs(tokenizer):
-    """Each GEMM's weight is the float32 fold rounded to int8 with one scale per output row, max |w_row| / 127
-    (so every entry within half a step of the fold, and each row's largest entry exactly +-127); the KV buffer and
-    the logits stay float32."""
+    """Without input ranges, each GEMM's weight is the float32 fold rounded to int8 with one scale per output row,
+    max |w_row| / 127 (so every entry within half a step of the fold, and each row's largest entry exactly +-127),
+    and no input factor; the KV buffer and the logits stay float32."""
     pytest.importorskip("peft")
     model = adapted(llama).eval()
     reqs = requests(tokenizer)
@@ -96,8 +96,9 @@ def test_int8_decoder_holds_per_row_int8_packs(tokenizer):
     dec = fused.FusedDecoder(model, cache, attn, 4, torch.qint8)
     exact = fused.FusedDecoder(model, fresh()[0], attn, 4)
     assert dec.int8 and dec.dtype is None and dec.k.dtype == dec.v.dtype == torch.float32
-    for packed, fold in [(dec.w[0][0], exact.w[0][0].t()), (dec.w[0][2][0], exact.w[0][2][0]),
-                         (dec.head[0], model.get_base_model().lm_head.weight)]:
+    for (packed, inv), fold in [(dec.w[0][0], exact.w[0][0].t()), (dec.w[0][2][0], exact.w[0][2][0]),
+                                (dec.head[0], model.get_base_model().lm_head.weight)]:
+        assert inv is None
         q, _ = torch.ops.quantized.linear_unpack(packed)
         scale = q.q_per_channel_scales().float()
         assert torch.allclose(scale, fold.abs().amax(1) / 127, rtol=1e-6)
@@ -106,6 +107,56 @@ def test_int8_decoder_holds_per_row_int8_packs(tokenizer):
         assert not torch.equal(q.dequantize(), fold)
     step = dec.step(torch.tensor([5] * len(reqs)), attn.sum(-1))
     assert step.dtype == torch.float32 and step.shape == logits.shape
+
+
+def test_smoothing_by_hand_and_against_an_outlier_channel():
+    """``_pack`` with input ranges: s_j = amax_j^0.5 / max_i |w_ij|^0.5, the columns of w times s before the
+    rounding, the input times 1/s (the same product exactly); and on an input whose channel 0 is 50x the others
+    (the outliers of a down_proj input), the product's error falls."""
+    w = torch.tensor([[0.5, -0.25], [0.125, 1.0]])
+    amax = torch.tensor([4.0, 0.25])
+    (packed, inv) = fused._pack(w, None, amax)
+    s = torch.tensor([(4.0 / 0.5) ** 0.5, (0.25 / 1.0) ** 0.5])  # [2.828.., 0.5]
+    assert torch.allclose(inv, 1 / s, rtol=1e-6)
+    q, _ = torch.ops.quantized.linear_unpack(packed)
+    smoothed = w * s
+    assert torch.allclose(q.q_per_channel_scales().float(), smoothed.abs().amax(1) / 127, rtol=1e-6)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 256, generator=g) * 0.05
+    x = torch.randn(32, 256, generator=g)
+    x[:, 0] *= 50
+    ref = x @ w.t()
+    err = {name: float((fused._qlinear(x, fused._pack(w, None, a)) - ref).norm() / ref.norm())
+           for name, a in (("plain", None), ("smoothed", x.abs().amax(0)))}
+    assert err["smoothed"] < 0.5 * err["plain"], err
+
+
+def test_the_int8_generator_smooths_with_the_prefill_ranges(tokenizer):
+    """The ``hf`` generator's int8 decoder gets the prefill's GEMM input ranges: every layer's four and the head's,
+    the head's over every prompt position (the final norm's output), not only the last."""
+    model = llama().eval()
+    seen = {}
+    orig = fused.FusedDecoder.__init__
+
+    def spy(self, *args, **kw):
+        orig(self, *args, **kw)
+        seen["ranges"], seen["w"] = args[5] if len(args) > 5 else kw.get("ranges"), self.w
+
+    fused.FusedDecoder.__init__ = spy
+    try:
+        HFGenerator(HFConfig(dtype="int8"), model, tokenizer).generate(
+            requests(tokenizer), SamplingParams(max_tokens=4, temperature=1.0), torch.Generator().manual_seed(0))
+    finally:
+        fused.FusedDecoder.__init__ = orig
+    ranges, layers = seen["ranges"], len(model.model.layers)
+    assert set(ranges) == {(i, k) for i in range(layers) for k in ("qkv", "o", "gu", "down")} | {"head"}
+    assert ranges["head"].shape == (model.config.hidden_size,) and ranges[(0, "down")].shape == (
+        model.config.intermediate_size,)
+    reqs = requests(tokenizer)
+    with torch.no_grad():
+        hidden = model.model(input_ids=reqs[0].prompt_ids[None]).last_hidden_state[0]  # the final norm's output
+    assert bool((ranges["head"] >= hidden.abs().amax(0) - 1e-5).all())  # every position of a prompt counted
+    assert all(inv is not None for inv in (seen["w"][0][0][1], seen["w"][0][2][0][1]))
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "int8"])

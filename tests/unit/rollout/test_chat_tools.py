@@ -214,6 +214,8 @@ class Envs:
     def open_episode(self, problem):
         if self.kw.get("fail") == "open":
             raise RuntimeError("reset refused")
+        if self.kw.get("fail") == "own_timeout":  # the environment's own limit, passed before the loop's
+            raise TimeoutError("no answer within 0.1s (task.timeout_s)")
         self.opened.append(Env(problem, **self.kw))
         return self.opened[-1]
 
@@ -232,15 +234,18 @@ def test_an_environment_replies_through_the_template_until_it_ends():
         tl.generate([Request(torch.tensor(enc("q\n")))], PARAMS, torch.Generator())
 
 
-@pytest.mark.parametrize("fail", ["open", "respond", "hang", "malformed"])
+@pytest.mark.parametrize("fail", ["open", "respond", "hang", "own_timeout", "malformed"])
 def test_a_failing_environment_ends_its_episode_counted(fail):
     tl, _ = chat_loop(["first<eos>", "second<eos>"], tools={}, episodes=Envs(fail=fail), timeout_s=0.3)
     t0 = time.monotonic()
     (c,) = tl.generate([Request(torch.tensor(enc("q\n")), problem=Problem("p", "q", "a"))], PARAMS, torch.Generator())
     assert time.monotonic() - t0 < 5 and c.finish_reason == "stop" and c.meta["turns"] == 1
-    assert c.meta["tool_timeouts" if fail == "hang" else "tool_errors"] == 1
+    timed_out = fail in ("hang", "own_timeout")  # the loop's timeout_s, or the environment's own TimeoutError
+    assert c.meta["tool_timeouts"] == timed_out and c.meta["tool_errors"] == (not timed_out)
     assert c.meta["env_error"] == {"open": "RuntimeError: reset refused", "respond": "ConnectionError: env server gone",
-                                   "hang": "timeout", "malformed": "TypeError: respond returned 'not messages', not "
+                                   "hang": "timeout",
+                                   "own_timeout": "timeout: TimeoutError: no answer within 0.1s (task.timeout_s)",
+                                   "malformed": "TypeError: respond returned 'not messages', not "
                                    "a list of messages"}[fail]
 
 
