@@ -357,7 +357,9 @@ ARMS = {
     # GEMMs in int8 (rollout.generator.dtype=int8, smoothed; measured on this recipe's decode: 1.5-1.9x faster, mean
     # |dlogp| 0.012 a token, p99 0.32, mismatch/kl 3.1e-3, docs/benchmarks.md) and the token-level truncated
     # importance-sampling correction (cap 3, TRL's default). Every eval samples in float32 (EVAL_FIXED), so it reads
-    # the trained policy, not its int8 sampler.
+    # the trained policy, not its int8 sampler. Smoke (main at acf4ca6, 2 steps of 2 prompts x 8, beside two runs):
+    # step 1 8/8 and 8/8 (nothing trained), step 2 one mixed group: mismatch/kl 0.0019, max |dlogp| 0.72, IS weight
+    # mean 1.002, ESS 0.997, nothing clipped; the sync probe passed at int8's tolerance (0.25).
     "grpo_int8": ["rollout.generator.dtype=int8", "loss.importance_sampling={mode: token_truncate}"],
     "agon": ["driver={name: agon, mode: competitive, rotate_roles: true, players: lora, rival_weight: 1.0, "
              "summary: running_totals}",
