@@ -132,15 +132,19 @@ Running table (updated as runs finish; done / left):
 - DONE 2026-12-07: GARL seed 0 (one seed: no verdict until three): pass@1 0.362, +0.048 ± 0.012 against its step 0
   and +0.015 ± 0.010 against GRPO seed 0; pass@16 0.670 (GRPO 0.610, step 0 0.645); greedy 0.410; hard 0.134 (GRPO
   0.147); 70-150 s a step (what shared the cores).
+- DONE 2026-12-07 06:07: LamPO seed 0 (one seed; ``--report-only --arms grpo garl lampo --seeds 0 1``): pass@1 0.334,
+  +0.019 ± 0.010 against its step 0 and -0.014 ± 0.010 against GRPO seed 0 (its expectation: NO DIFFERENCE); pass@16
+  0.640 (GRPO 0.610, step 0 0.645); greedy 0.400 (9 up / 10 down against GRPO); hard 0.112 (GRPO 0.147); accuracy
+  among boxed answers 0.435 (GRPO 0.454); ~99 s a step beside the other lane and the test suite.
 - WRITTEN 2026-12-07 (issue 46, before any run; smoked, the comments at ARMS): the peers' objectives as arms, GSPO,
   CISPO and GMPO with two passes against ``grpo_2ep`` (CONTROL), MaxRL against GRPO; queued after the sixteen.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
   with no run in flight, after smoking one arm there.
-- RUNNING 2026-12-07 03:50-05:15: GRPO seed 2, stopped at its step-20 checkpoint for the test suite (first in the
-  queue: it resumes there). LamPO seed 0 trained (60 steps, ~75 s a step beside the other lane) and went to its
-  FINAL_K eval.
+- RUNNING at the session's end (2026-12-07 06:50): GRPO seed 2 (stopped 05:15 at its step-20 checkpoint for the test
+  suite, resumed 05:59) and DRE seed 0 (from 06:07); both resume from their last checkpoint (the saved queue,
+  ``lanes/queue.txt``, starts with them).
 - LEFT: GRPO seed 2; GRPO with ``optim.ppo_epochs=2`` (3 seeds).
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
