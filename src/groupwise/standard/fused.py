@@ -306,8 +306,9 @@ class FusedDecoder:
 
 SMOOTH_ALPHA = 0.5
 """The migration strength of the int8 decode's smoothing (SmoothQuant's α; its paper's default). Measured on
-SmolLM2-135M (smollm2_math, 32 rows x 48 tokens, ``mismatch/kl`` per token): none 4.2e-2, α 0.35 2.0e-2, 0.5
-8.8e-3, 0.75 1.7e-2 (docs/benchmarks.md, "Lever: int8 generation")."""
+SmolLM2-135M (smollm2_math, 32 rows x 48 tokens, ``mismatch/kl`` per token, the ranges of the prompts and one float32
+sample of them): none 4.2e-2, α 0.35 2.0e-2, 0.5 8.8e-3, 0.75 1.7e-2; with the prefill's ranges alone (what the
+generator records) α 0.5 gave 1.4e-2 on 64 rows (docs/benchmarks.md, "Lever: int8 generation")."""
 
 
 class ActRanges:
@@ -360,10 +361,9 @@ def _pack(w: Tensor, b: Tensor | None, amax: Tensor | None = None):
 
 def _qlinear(x: Tensor, pack) -> Tensor:
     """``x @ w^T + b`` with ``_pack``'s int8 ``w`` (``pack``: the prepacked weight and its input factor): fbgemm
-    quantizes ``x`` (times the factor) per call to 7-bit unsigned with one
-    scale and zero point over the whole tensor (``reduce_range`` on x86: the 16-bit pairwise sums of AVX2's int8
-    multiply cannot saturate; qnnpack, on ARM, takes 8 bits), multiplies in int8 with int32 accumulation, and
-    returns float32."""
+    quantizes ``x`` (times the factor) per call to 7-bit unsigned with one scale and zero point over the whole
+    tensor (``reduce_range`` on x86: the 16-bit pairwise sums of AVX2's int8 multiply cannot saturate; qnnpack, on
+    ARM, takes 8 bits), multiplies in int8 with int32 accumulation, and returns float32."""
     packed, inv = pack
     return torch.ops.quantized.linear_dynamic(x if inv is None else x * inv, packed,
                                               torch.backends.quantized.engine != "qnnpack")
