@@ -179,6 +179,21 @@ def main() -> None:
             mismatch(model, tok, HFGenerator(kinds[name], model, tok), reqs, a.max_tokens, name)
 
 
+def alternating_ms(calls: dict, repeats: int, block: int) -> dict[str, float]:
+    """Each callable's CPU ms per call: one warm-up call each, then ``repeats`` blocks of ``block`` calls, the order
+    reversed every other repeat; the median over blocks."""
+    for f in calls.values():
+        f()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(repeats):
+        for name, f in (calls.items() if r % 2 == 0 else reversed(calls.items())):
+            t = time.process_time()
+            for _ in range(block):
+                f()
+            times[name].append((time.process_time() - t) / block * 1000)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def sampler_cost(rows: int, vocab: int, repeats: int, threads: int) -> None:
     """CPU ms per draw of one token for each of ``rows`` rows over ``vocab`` tokens (a softmax of random logits):
     ``torch.multinomial`` (``sampler: multinomial``) against ``hf.sample_rows`` (``race``), median of ``repeats``
@@ -191,16 +206,8 @@ def sampler_cost(rows: int, vocab: int, repeats: int, threads: int) -> None:
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(rows, vocab, generator=g) * 3, -1)
     draws = {"multinomial": lambda: torch.multinomial(probs, 1, generator=g), "race": lambda: sample_rows(probs, g)}
-    times: dict[str, list[float]] = {k: [] for k in draws}
-    for f in draws.values():
-        f()
-    for r in range(repeats):
-        for name, f in (draws.items() if r % 2 == 0 else reversed(draws.items())):
-            t = time.process_time()
-            for _ in range(20):
-                f()
-            times[name].append((time.process_time() - t) / 20 * 1000)
-    m, race = statistics.median(times["multinomial"]), statistics.median(times["race"])
+    ms = alternating_ms(draws, repeats, 20)
+    m, race = ms["multinomial"], ms["race"]
     print(f"{rows} rows x {vocab} tokens, {threads} thread(s): multinomial {m:.1f} ms, race {race:.1f} ms a draw "
           f"({m / race:.2f}x)")
 
@@ -232,17 +239,11 @@ def gemm_cost(rows: int, repeats: int, threads: int) -> None:
         calls = {"fp32": functools.partial(torch.matmul, x, wt), "int8": functools.partial(_qlinear, x, packed),
                  "fp16 weights": functools.partial(torch.ops.quantized.linear_dynamic_fp16, x, fp16),
                  "weight-only int8": functools.partial(torch._weight_int8pack_mm, x, w8, scale)}
-        times: dict[str, list[float]] = {c: [] for c in calls}
         ref = calls["fp32"]()
         err = {c: float((f() - ref).norm() / ref.norm()) for c, f in calls.items()}
-        for r in range(repeats):
-            for c, f in (calls.items() if r % 2 == 0 else reversed(calls.items())):
-                t = time.process_time()
-                for _ in range(10):
-                    f()
-                times[c].append((time.process_time() - t) / 10 * 1000)
-        print(f"{name:<8} {k}->{n}: " + ", ".join(f"{c} {statistics.median(v):.2f}" + (f" ({err[c]:.1e})" if c != "fp32"
-                                                   else "") for c, v in times.items()))
+        ms = alternating_ms(calls, repeats, 10)
+        print(f"{name:<8} {k}->{n}: " + ", ".join(f"{c} {v:.2f}" + (f" ({err[c]:.1e})" if c != "fp32" else "")
+                                                  for c, v in ms.items()))
 
 
 def prefill_times(model, reqs, tok, repeats: int) -> None:

@@ -131,23 +131,20 @@ def test_smoothing_by_hand_and_against_an_outlier_channel():
     assert err["smoothed"] < 0.5 * err["plain"], err
 
 
-def test_the_int8_generator_smooths_with_the_prefill_ranges(tokenizer):
+def test_the_int8_generator_smooths_with_the_prefill_ranges(tokenizer, monkeypatch):
     """The ``hf`` generator's int8 decoder gets the prefill's GEMM input ranges: every layer's four and the head's,
     the head's over every prompt position (the final norm's output), not only the last."""
     model = llama().eval()
     seen = {}
     orig = fused.FusedDecoder.__init__
 
-    def spy(self, *args, **kw):
-        orig(self, *args, **kw)
-        seen["ranges"], seen["w"] = args[5] if len(args) > 5 else kw.get("ranges"), self.w
+    def spy(self, model, cache, attn, new_tokens, dtype=None, ranges=None):
+        orig(self, model, cache, attn, new_tokens, dtype, ranges)
+        seen["ranges"], seen["w"] = ranges, self.w
 
-    fused.FusedDecoder.__init__ = spy
-    try:
-        HFGenerator(HFConfig(dtype="int8"), model, tokenizer).generate(
-            requests(tokenizer), SamplingParams(max_tokens=4, temperature=1.0), torch.Generator().manual_seed(0))
-    finally:
-        fused.FusedDecoder.__init__ = orig
+    monkeypatch.setattr(fused.FusedDecoder, "__init__", spy)
+    HFGenerator(HFConfig(dtype="int8"), model, tokenizer).generate(
+        requests(tokenizer), SamplingParams(max_tokens=4, temperature=1.0), torch.Generator().manual_seed(0))
     ranges, layers = seen["ranges"], len(model.model.layers)
     assert set(ranges) == {(i, k) for i in range(layers) for k in ("qkv", "o", "gu", "down")} | {"head"}
     assert ranges["head"].shape == (model.config.hidden_size,) and ranges[(0, "down")].shape == (
