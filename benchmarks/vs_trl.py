@@ -42,6 +42,16 @@ groupwise's ``optim.shared_prefix`` (each group's prompt runs once in the update
 per group) is on, as groupwise ships it (or as ``--recipe``'s ``optim`` sets it in regime real);
 ``--no-shared-prefix`` turns it off (``--shared-prefix``, on, is the default and kept for old command lines).
 
+Equal executed work (issue 45): ``--trl-micro-batch M`` runs TRL's update in micro-batches of M rows
+(``per_device_train_batch_size`` M, ``gradient_accumulation_steps`` rows / M, one generation per optimizer step), its
+documented way to cut padding; ``--trl-generation continuous`` switches TRL to transformers' continuous batching (it
+runs on CPU, but ~140x slower than ``generate`` at lab-tiny and with an 11.9 GB paged cache: not CPU-friendly).
+``--count-flops`` adds one run per side under ``executed_flops`` (a dispatch mode that adds up torch's per-op FLOP
+formulas over every executed matmul and attention op, by phase, with the LM head's part), not timed; it must
+replay its side's first timed run token for token (else a WARNING), and the table then splits the TRL/groupwise
+CPU-time ratio into executed work (TRL's executed FLOPs / groupwise's: skipped rows, padding, shared prompts, the
+LM head over prompt positions) times engine speed (executed FLOPs per CPU second, groupwise's / TRL's).
+
 Model FLOPs per step = 2·N·Σ(P+T) (generation forwards) + 6·N·Σ(P+T) (training forward + backward), with N
 the parameter count (tied embeddings counted once), P and T each completion's prompt and completion tokens;
 the attention score FLOPs are ignored (< 3% here). "% peak" divides FLOP/s by the best fp32 ``torch.mm`` rate
@@ -51,6 +61,7 @@ measured in the same invocation with the same thread count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -96,6 +107,9 @@ class Options:
     recipe: str = "recipes/smollm2_math.yaml"  # regime "real": the recipe whose task supplies the problems
     device: str = "cpu"  # both sides' model.device ("cuda": benchmarks/gpu_check.sh); "% peak" stays the CPU probe's
     dtype: str = "float32"  # both sides' weights and compute (TRL: bf16=True for bfloat16)
+    trl_micro_batch: int = 0  # TRL's per_device_train_batch_size (0: every row in one micro-batch, as before)
+    trl_generation: str = "generate"  # or "continuous": TRL's use_transformers_continuous_batching
+    count_flops: bool = False  # one more run per side under ExecutedFlops (not timed): executed FLOPs per step
 
     @property
     def reward_kind(self) -> str:
@@ -247,6 +261,87 @@ def matmul_peak(n: int, threads: int, reps: int = 5) -> dict:
     return {"wall": 2 * n**3 / wall, "cpu": 2 * n**3 / max(cpu, 1e-9)}
 
 
+def executed_flops(vocab: int, other_dims: set[int]):
+    """A ``TorchDispatchMode`` that adds up the FLOPs of every matmul and attention op a process executes (torch's
+    own per-op formulas, ``torch.utils.flop_counter``; ops without one are decomposed first, as its
+    ``FlopCounterMode`` does), by phase (``.phase``: "generation" inside generate, else "update") and, when the
+    vocabulary can be told apart from every other dimension (``vocab`` >= 4096 and none of the model's other
+    sizes), the LM head's part: a matmul with the vocabulary among its dimensions (head forward, and both of its
+    backward GEMMs). Decomposed attention runs slower, so a counted run is never a timed one."""
+    from collections import Counter
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    sdpa, sdpa_back = aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward
+    formulas = {**flop_registry,  # torch's registry lacks the CPU flash-attention kernels: the same formulas
+                aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[sdpa],
+                aten._scaled_dot_product_flash_attention_for_cpu_backward: flop_registry[sdpa_back]}
+    head_told = vocab >= 4096 and vocab not in other_dims
+    mats = {"mm", "addmm", "bmm", "baddbmm"}
+
+    class ExecutedFlops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.phase, self.counts, self.head_told = "update", Counter(), head_told
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            packet = func._overloadpacket
+            if packet not in formulas:
+                with self:
+                    out = func.decompose(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+                return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            flops = formulas[packet](*args, **kwargs, out_val=out)
+            self.counts[self.phase] += flops
+            if head_told and packet.__name__ in mats and vocab in (*out.shape, *args[-1].shape, *args[-2].shape):
+                self.counts[f"{self.phase}_head"] += flops
+            return out
+
+    return ExecutedFlops()
+
+
+def flop_counter_for(spec: dict):
+    """The executed-FLOP counter for ``spec``'s model (None unless ``count_flops``)."""
+    if not spec.get("count_flops"):
+        return None
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(spec["model_dir"], local_files_only=True)
+    dims = {getattr(c, k, None) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                          "num_key_value_heads", "head_dim", "max_position_embeddings")}
+    return executed_flops(c.vocab_size, {d for d in dims if isinstance(d, int)})
+
+
+def timed(fn, rec: dict, counter):
+    """``fn`` (a side's generate call) adding its wall and CPU seconds to ``rec`` and, with a counter, counting its
+    FLOPs as generation."""
+    def wrapped(*args, **kwargs):
+        t, cpu = time.perf_counter(), time.process_time()
+        if counter is not None:
+            counter.phase = "generation"
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if counter is not None:
+                counter.phase = "update"
+            rec["gen_s"] += time.perf_counter() - t
+            rec["gen_cpu_s"] += time.process_time() - cpu
+
+    return wrapped
+
+
+def _counted(counter, before: dict) -> dict:
+    """The counter's FLOPs since the snapshot ``before`` (a step's executed work)."""
+    return {k: counter.counts[k] - before.get(k, 0) for k in
+            ("generation", "update", "generation_head", "update_head")}
+
+
 # ------------------------------------------------------------------------------------------- the sides
 def _step_record(t: float, cpu: float, rec: dict, **extra) -> dict:
     import torch
@@ -318,11 +413,11 @@ def side_groupwise(spec: dict) -> dict:
     if system:
         c.selector.next = with_system
 
-    def timed_generate(requests, params, rng):
-        t, cpu = time.perf_counter(), time.process_time()
+    counter = flop_counter_for(spec)
+    generate = timed(generate, rec, counter)
+
+    def counted_generate(requests, params, rng):
         out = generate(requests, params, rng)
-        rec["gen_s"] += time.perf_counter() - t
-        rec["gen_cpu_s"] += time.process_time() - cpu
         rec["prompt_tokens"] += sum(r.prompt_ids.numel() for r in requests)
         rec["gen_tokens"] += sum(o.completion_ids.numel() for o in out)
         return out
@@ -331,18 +426,21 @@ def side_groupwise(spec: dict) -> dict:
         rec["ids"] += [p.id for p in problems]
         return builder(problems, ctx)
 
-    c.generator.generate, c.builder = timed_generate, recording_builder
+    c.generator.generate, c.builder = counted_generate, recording_builder
     steps = []
-    for step in range(spec["steps"]):
-        rec.update(gen_s=0.0, gen_cpu_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[])
-        t, cpu = time.perf_counter(), time.process_time()
-        m = rl_step(c, step)
-        dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
-        steps.append(_step_record(
-            dt, dcpu, rec, rows=m["rollout/samples"],
-            rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
-            zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
-            rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"]))
+    with counter if counter is not None else contextlib.nullcontext():
+        for step in range(spec["steps"]):
+            rec.update(gen_s=0.0, gen_cpu_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[])
+            before = dict(counter.counts) if counter is not None else {}
+            t, cpu = time.perf_counter(), time.process_time()
+            m = rl_step(c, step)
+            dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
+            steps.append(_step_record(
+                dt, dcpu, rec, rows=m["rollout/samples"],
+                rows_trained=m["rollout/samples"] - m["update/skipped_rows"],
+                zero_std_frac=m["adv/zero_std_group_frac"], reward_mean=m["reward/mean"],
+                rollout_s=m["perf/rollout_s"], update_s=m["perf/update_s"],
+                **({"flops": _counted(counter, before)} if counter is not None else {})))
     path = getattr(getattr(c.generator, "inner", c.generator), "decode_path", "")  # the last generate call's
     asked = getattr(cfg.rollout.generator.cfg, "decode", "model") != "model"  # auto (the default) or fused
     return {"steps": steps, "setup_s": setup_s, "decode_path": path if asked else "not asked",
@@ -395,33 +493,34 @@ def side_trl(spec: dict) -> dict:
         return values
 
     reward.__name__ = kind
-    generate = model.generate
-
-    def timed_generate(*args, **kwargs):
-        t, cpu = time.perf_counter(), time.process_time()
-        out = generate(*args, **kwargs)
-        rec["gen_s"] += time.perf_counter() - t
-        rec["gen_cpu_s"] += time.process_time() - cpu
-        return out
-
-    model.generate = timed_generate
     steps: list[dict] = []
     batch = spec["prompts"] * spec["group"]
+    micro = spec.get("trl_micro_batch") or batch
+    if batch % micro:
+        raise ValueError(f"--trl-micro-batch {micro}: must divide the step's {batch} rows")
+    counter = flop_counter_for(spec)
+    continuous = spec.get("trl_generation", "generate") == "continuous"
+    name = "generate_batch" if continuous else "generate"  # what TRL's generation calls on the model
+    setattr(model, name, timed(getattr(model, name), rec, counter))
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             rec.update(gen_s=0.0, gen_cpu_s=0.0, gen_tokens=0, prompt_tokens=0, ids=[], zero_std=0.0,
                        reward_mean=0.0)
+            self.before = dict(counter.counts) if counter is not None else {}
             self.t, self.cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
             dt, dcpu = time.perf_counter() - self.t, time.process_time() - self.cpu
             steps.append(_step_record(dt, dcpu, rec, rows=float(batch), rows_trained=float(batch),
-                                      zero_std_frac=rec["zero_std"], reward_mean=rec["reward_mean"]))
+                                      zero_std_frac=rec["zero_std"], reward_mean=rec["reward_mean"],
+                                      **({"flops": _counted(counter, self.before)} if counter is not None
+                                         else {})))
 
     args = GRPOConfig(
         output_dir=str(Path(spec["workdir"]) / "trl"), seed=spec["seed"], max_steps=spec["steps"],
-        per_device_train_batch_size=batch, gradient_accumulation_steps=1, generation_batch_size=batch,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro, generation_batch_size=batch,
+        use_transformers_continuous_batching=continuous,
         num_generations=spec["group"], max_completion_length=spec["max_tokens"], shuffle_dataset=False,
         learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
@@ -436,7 +535,8 @@ def side_trl(spec: dict) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
                           processing_class=tok, callbacks=[Timer()])
     setup_s = time.perf_counter() - t0
-    trainer.train()
+    with counter if counter is not None else contextlib.nullcontext():
+        trainer.train()
     return {"steps": steps, "setup_s": setup_s}
 
 
@@ -532,6 +632,39 @@ def check_identical(runs: list[dict]) -> list[str]:
     return warn
 
 
+def check_counted(runs: list[dict], counted: list[dict]) -> list[str]:
+    """Warnings where a counted run did not replay its side's first timed run (the same generated tokens, step by
+    step): its FLOPs would then be another run's work."""
+    warn = []
+    for c in counted:
+        timed = next(r for r in runs if r["side"] == c["side"])
+        if [s["gen_tokens"] for s in c["steps"]] != [s["gen_tokens"] for s in timed["steps"]]:
+            warn.append(f"{c['side']}: the counted run generated other tokens than the timed run (its executed "
+                        "FLOPs are of other samples)")
+    return warn
+
+
+def executed_summary(summary: dict, counted: list[dict], peak: dict) -> dict:
+    """Per side: executed GFLOP per step (steps 2..N of the counted run, mean), its split, and the share of the
+    matmul peak it is run at (executed FLOPs over the timed runs' median step); then the TRL/groupwise CPU-time
+    ratio as the product of executed work (TRL's FLOPs / groupwise's) and engine speed (groupwise's executed FLOPs
+    per CPU second / TRL's)."""
+    out: dict = {}
+    for c in counted:
+        steps = c["steps"][1:] or c["steps"]
+        mean = {k: statistics.fmean(s["flops"][k] for s in steps) for k in steps[0]["flops"]}
+        total = mean["generation"] + mean["update"]
+        side = summary["sides"][c["side"]]
+        out[c["side"]] = {**mean, "total": total, "peak_frac": total / side["step_s"] / peak["wall"],
+                          "peak_frac_cpu": total / side["cpu_s"] / peak["cpu"],
+                          "per_cpu_s": total / side["cpu_s"]}
+    if {"trl", "groupwise"} <= out.keys() and "ratio_cpu_s" in summary:
+        t, g = out["trl"], out["groupwise"]
+        out["work_ratio"] = t["total"] / g["total"]
+        out["speed_ratio"] = g["per_cpu_s"] / t["per_cpu_s"]  # work_ratio x speed_ratio == ratio_cpu_s
+    return out
+
+
 def table(result: dict) -> str:
     s, o = result["summary"], result["options"]
     pk = result["peak_flops"]
@@ -566,6 +699,22 @@ def table(result: dict) -> str:
         lines.append(f"groupwise split (its perf/* metrics): rollout {gw['rollout_s']:.2f} s (generate "
                      f"{gw['gen_s']:.2f} s), update {gw['update_s']:.2f} s; zero-variance groups "
                      f"{100 * gw['zero_std_frac']:.0f}%")
+    ex = s.get("executed")
+    if ex:
+        lines.append("\nexecuted FLOPs (one more run per side under the counter, torch's per-op formulas; mean over "
+                     "steps 2..N):")
+        lines.append(f"{'side':<10} {'GFLOP':>7} {'gen':>7} {'update':>7} {'LM head':>8} {'%peak':>6} {'%pk cpu':>7}")
+        for side in ("trl", "groupwise"):
+            if side in ex:
+                e = ex[side]
+                head = (e["generation_head"] + e["update_head"]) / 1e9
+                lines.append(f"{side:<10} {e['total'] / 1e9:>7.1f} {e['generation'] / 1e9:>7.1f} "
+                             f"{e['update'] / 1e9:>7.1f} {head:>8.1f} {100 * e['peak_frac']:>5.1f}% "
+                             f"{100 * e['peak_frac_cpu']:>6.1f}%")
+        if "work_ratio" in ex:
+            lines.append(f"TRL/groupwise CPU time {s['ratio_cpu_s']:.2f}x = executed work {ex['work_ratio']:.2f}x "
+                         f"(TRL's FLOPs / groupwise's) x engine speed {ex['speed_ratio']:.2f}x (groupwise's "
+                         "executed FLOPs per CPU second / TRL's)")
     paths = {r["decode_path"] for r in result["runs"] if r.get("decode_path", "not asked") != "not asked"}
     if paths:
         lines.append(f"groupwise decode path: {', '.join(sorted(paths))}")
@@ -607,7 +756,13 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
             "max_tokens": opts.max_tokens, "threads": opts.threads, "lr": opts.lr, "seed": opts.seed,
             "reward": opts.reward_kind, "workdir": str(workdir), "prefix_tokens": opts.prefix_tokens,
             "shared_prefix": opts.shared_prefix, "fused_decode": opts.fused_decode, "gw": list(opts.gw),
-            "device": opts.device, "dtype": opts.dtype}
+            "device": opts.device, "dtype": opts.dtype, "trl_micro_batch": opts.trl_micro_batch,
+            "trl_generation": opts.trl_generation}
+    if opts.trl_micro_batch:
+        info["regime"] += (f"; TRL in micro-batches of {opts.trl_micro_batch} rows (gradient_accumulation_steps "
+                           f"{opts.prompts * opts.group // opts.trl_micro_batch})")
+    if opts.trl_generation == "continuous":
+        info["regime"] += "; TRL use_transformers_continuous_batching"
     if opts.device != "cpu" or opts.dtype != "float32":
         info["regime"] += f"; on {opts.device} in {opts.dtype} (% peak: of the CPU fp32 probe)"
     probes = [matmul_peak(opts.matmul_n, opts.threads)]
@@ -623,6 +778,13 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
             log(f"  median s/step {statistics.median(s['step_s'] for s in timed):.3f} wall, "
                 f"{statistics.median(s['cpu_s'] for s in timed):.3f} CPU")
         probes.append(matmul_peak(opts.matmul_n, opts.threads))
+    counted = []
+    if opts.count_flops:  # one more run per side under the FLOP counter, not timed (decomposed attention is slower)
+        for side in opts.sides:
+            log(f"[counted] {side} ...")
+            out = (run_side(side, {**spec, "count_flops": True}, workdir, f"{side}-counted") if isolate
+                   else run_here(side, {**spec, "count_flops": True}))
+            counted.append(out)
     peak = {k: max(p[k] for p in probes) for k in ("wall", "cpu")}
     result = {
         "options": dataclasses.asdict(opts), "reward": opts.reward_kind, "regime": info["regime"],
@@ -630,9 +792,11 @@ def run(opts: Options, log=print, isolate: bool = True) -> dict:
         "peak_probes": [p["wall"] for p in probes],
         "flop_formula": "2*N*sum(P+T) generation + 6*N*sum(P+T) training, N = parameters",
         "versions": {k: version(k) for k in ("torch", "transformers", "trl")}, "isolated": isolate,
-        "runs": runs, "warnings": check_identical(runs),
+        "runs": runs, "counted_runs": counted, "warnings": check_identical(runs) + check_counted(runs, counted),
     }
     result["summary"] = summarize(runs, info["params"], peak)
+    if counted:
+        result["summary"]["executed"] = executed_summary(result["summary"], counted, peak)
     return result
 
 
@@ -675,6 +839,14 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
                    help=f"regime real: the recipe whose task gives the problems (default {d.recipe})")
     p.add_argument("--device", help=f"both sides' device, e.g. cuda (default {d.device})")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help=f"both sides' dtype (default {d.dtype})")
+    p.add_argument("--trl-micro-batch", type=int,
+                   help="TRL's per_device_train_batch_size; the step's rows in micro-batches of this size "
+                   "(gradient_accumulation_steps = rows / this); default: all rows in one micro-batch")
+    p.add_argument("--trl-generation", choices=["generate", "continuous"],
+                   help="TRL's generation: model.generate (default) or use_transformers_continuous_batching")
+    p.add_argument("--count-flops", action="store_true",
+                   help="one more run per side under a FLOP counter (not timed): executed FLOPs per step, their "
+                   "share of the peak, and the ratio split into executed work x engine speed")
     p.add_argument("--quick", action="store_true", help="tiny settings for a seconds-long smoke run")
     p.add_argument("--in-process", action="store_true",
                    help="run both sides in this process (debugging; peak RSS is then not per side)")
@@ -684,8 +856,9 @@ def parse(argv: list[str] | None = None) -> tuple[Options, str | None, bool]:
         v = getattr(a, f.name, None)
         if v is not None and f.name not in ("sides", "gw"):
             values[f.name] = v
-    if a.warm_start:
-        values["warm_start"] = True
+    for flag in ("warm_start", "count_flops"):
+        if getattr(a, flag):
+            values[flag] = True
     if a.model and a.lr is None:
         values["lr"] = 1e-5  # a full fine-tuning lr for a pretrained model (the lab's 1e-4 is for a 0.8M toy)
     if a.fused_decode:

@@ -79,6 +79,42 @@ def test_regime_c_puts_the_same_system_prompt_on_both_sides(vs_trl, tmp_path):
     assert "40-token system prompt" in result["regime"] and "shared_prefix" in result["regime"]
 
 
+def test_executed_flops_counts_torch_formulas_by_phase_and_head(vs_trl):
+    import torch
+    import torch.nn.functional as F
+
+    counter = vs_trl.executed_flops(5000, {4, 6})
+    q = torch.randn(1, 2, 4, 8, requires_grad=True)
+    kv = torch.randn(1, 1, 4, 8, requires_grad=True)  # grouped-query: one KV head for two query heads
+    with counter:
+        torch.randn(3, 4) @ torch.randn(4, 5000)  # an LM head's GEMM: 2·3·4·5000
+        counter.phase = "generation"
+        F.linear(torch.randn(3, 4), torch.randn(6, 4), torch.randn(6))  # addmm, 2·3·4·6
+        out = F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)  # CPU flash: QK and PV, 2·(2·2·4·4·8)
+        counter.phase = "update"
+        out.sum().backward()  # five GEMMs of 2·2·4·4·8 (scores again, dV, dP, dQ, dK)
+    assert dict(counter.counts) == {"update": 120000 + 2560, "update_head": 120000, "generation": 144 + 1024}
+    small = vs_trl.executed_flops(108, set())  # a toy vocabulary cannot be told from row counts: no head split
+    with small:
+        torch.randn(3, 4) @ torch.randn(4, 108)
+    assert dict(small.counts) == {"update": 2 * 3 * 4 * 108}
+
+
+def test_count_flops_replays_each_side_and_splits_the_ratio(vs_trl, tmp_path, capsys):
+    result = vs_trl.main(["--quick", "--in-process", "--matmul-n", "128", "--workdir", str(tmp_path / "w"),
+                          "--count-flops", "--trl-micro-batch", "4"])
+    assert result["warnings"] == []  # each counted run generated the timed run's tokens, step by step
+    assert "micro-batches of 4 rows (gradient_accumulation_steps 2)" in result["regime"]
+    for run in result["counted_runs"]:
+        for step in run["steps"]:
+            assert step["flops"]["generation"] > 0 and step["flops"]["update"] > 0
+    s = result["summary"]
+    ex = s["executed"]
+    assert ex["work_ratio"] * ex["speed_ratio"] == pytest.approx(s["ratio_cpu_s"])
+    assert ex["work_ratio"] == pytest.approx(ex["trl"]["total"] / ex["groupwise"]["total"])
+    assert "executed work" in capsys.readouterr().out
+
+
 def test_levers_quick_run_switches_each_lever_alone(vs_trl, tmp_path):
     spec = importlib.util.spec_from_file_location("levers", ROOT / "benchmarks" / "levers.py")
     levers = importlib.util.module_from_spec(spec)
