@@ -365,6 +365,13 @@ ARMS = {
     # step 1 8/8 and 8/8 (nothing trained), step 2 one mixed group: mismatch/kl 0.0019, max |dlogp| 0.72, IS weight
     # mean 1.002, ESS 0.997, nothing clipped; the sync probe passed at int8's tolerance (0.25).
     "grpo_int8": ["rollout.generator.dtype=int8", "loss.importance_sampling={mode: token_truncate}"],
+    # Issue 45's predictive skip (written 2026-12-07, before its runs; not a method): GRPO with the `informative`
+    # selector (standard/informative_selector.py): a candidate is skipped before generation with probability
+    # min(z, 0.9), z the moving average (weight 0.1) of the zero-variance indicator of its level's (number of terms')
+    # observed groups, once the level has 4. GRPO seeds 0 and 1 here had 54-55% zero-variance groups over their 60 steps
+    # (28.7-29.7 rows trained a step, ~4,250 tokens generated), so at the same 60 steps of 8 x 8 it generates about
+    # the same tokens (more if it favours the longer chains) and should train more rows.
+    "grpo_informative": ["select={name: informative, key: difficulty, max_skip: 0.9, decay: 0.1, min_groups: 4}"],
     "agon": ["driver={name: agon, mode: competitive, rotate_roles: true, players: lora, rival_weight: 1.0, "
              "summary: running_totals}",
              "reward.terms=[{name: correctness, weight: 2.0}, {name: format, weight: 0.5}]",
@@ -451,6 +458,9 @@ EXPECT = {
     "maxrl": "pass@16 and hard BETTER, pass@1 NO DIFFERENCE (it weighs a success by ~1/p: hard problems count more)",
     "grpo_int8": "pass@1 NO DIFFERENCE (the correction absorbs the sampler's error), at ~0.6-0.7x GRPO's step time; if "
                  "WORSE, the lever stays off and docs/benchmarks.md says so",
+    "grpo_informative": "zero-variance share of its groups lower than GRPO's (below 45% against 54-55%) and more rows "
+                        "trained per step, at about GRPO's generated tokens; pass@1 NO DIFFERENCE or BETTER, hard not "
+                        "WORSE; if pass@1 is WORSE, the lever stays off and docs/benchmarks.md says so",
 }
 # The arm each method arm is paired against (same seed) where it is not GRPO.
 CONTROL = {"gspo": "grpo_2ep", "cispo": "grpo_2ep", "gmpo": "grpo_2ep"}
@@ -763,6 +773,9 @@ def check_step0(run: Path, base: Path) -> None:
         raise SystemExit(f"{run.name}: evaluated unlike {base.name} ({', '.join(diff)} differ)")
 
 
+TRAIN_KEYS = ("perf/step_s", "adv/zero_std_group_frac", "rollout/samples", "update/skipped_rows", "perf/gen_tokens")
+
+
 def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> None:
     """Every finished run's FINAL_K eval (computed here unless ``compute`` is false: then runs without one are left
     out) against its seed's step 0 and its seed's GRPO run; the baselines' in-run curve; Agon's cascade table."""
@@ -785,8 +798,8 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     by_seed = by_arm_seed.get("grpo", {})
     lines.append("\nPaired over problems (mean@16 change ± SE; greedy right only in the run / only in the other, "
                  "McNemar p); the control is GRPO of the same seed, or the arm's CONTROL (marked *):\n\n| run | vs "
-                 "step 0 | greedy vs step 0 | vs control, same seed | greedy vs control | s/step |"
-                 "\n|---|---|---|---|---|---|\n")
+                 "step 0 | greedy vs step 0 | vs control, same seed | greedy vs control | s/step | zero-variance "
+                 "groups | rows trained / step | tokens generated / step |\n|---|---|---|---|---|---|---|---|---|\n")
     summary: dict[str, list[float]] = defaultdict(list)
     for arm, e in evals.items():
         for d, r in e.items():
@@ -805,8 +818,9 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
                 summary[arm].append(gain)
                 star = "*" if arm in CONTROL else ""
                 g, gg = f"{gain:+.3f} ± {se:.3f}{star}", f"{up} / {down} ({fmt_p(mcnemar_p(up, down))})"
-            lines.append(f"| {d.name} | {c0} | {g0} | {g} | {gg} | "
-                         f"{harness.tail_mean(d, 'perf/step_s', 10**9):.1f} |\n")
+            m = {k.split("/")[1]: harness.tail_mean(d, k, 10**9) for k in TRAIN_KEYS}  # over every training step
+            lines.append(f"| {d.name} | {c0} | {g0} | {g} | {gg} | {m['step_s']:.1f} | {m['zero_std_group_frac']:.2f} "
+                         f"| {m['samples'] - m['skipped_rows']:.1f} | {m['gen_tokens']:.0f} |\n")
     if summary:
         lines.append("\nMinus the control of the same seed (mean@16, paired over problems), over seeds:\n\n| arm | "
                      "control | seeds | mean ± sd [min, max] |\n|---|---|---|---|\n")

@@ -99,6 +99,8 @@ def rollout_stage(p: Pipeline, step: int, version: int) -> Rollout:
             groups = transform(groups, ctx)
             require_scored(groups, f"group transform '{spec.name}'")
         groups = distributed.gather(groups)
+        if hasattr(p.selector, "observe"):  # a selector that learns from outcomes (every rank sees every group)
+            p.selector.observe(groups)
         rollouts.extend(groups)
         return groups
 

@@ -16,7 +16,10 @@ from groupwise.types import Problem
 class Selector(Protocol):
     """``next(step, n, ctx)`` returns the n problems to roll out next (also called for dynamic-sampling
     refills within a step); ``ctx`` is the step's RolloutContext, for selectors that probe the policy. Every
-    draw derives from the run seed and the checkpointed cursor, so a resumed run sees the same problems."""
+    draw derives from the run seed and the checkpointed cursor, so a resumed run sees the same problems. A selector
+    may also define ``observe(groups)``: the rollout stage then passes it every scored group of the run (built,
+    scored, transformed and gathered across ranks, refills included), e.g. to learn which problems pay
+    (``standard/informative_selector.py``)."""
 
     def next(self, step: int, n: int, ctx: Any = None) -> list[Problem]: ...
 
