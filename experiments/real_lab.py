@@ -370,7 +370,8 @@ ARMS = {
     # min(z, 0.9), z the moving average (weight 0.1) of the zero-variance indicator of its level's (number of terms')
     # observed groups, once the level has 4. GRPO seeds 0 and 1 here had 54-55% zero-variance groups over their 60 steps
     # (28.7-29.7 rows trained a step, ~4,250 tokens generated), so at the same 60 steps of 8 x 8 it generates about
-    # the same tokens (more if it favours the longer chains) and should train more rows.
+    # the same tokens (more if it favours the longer chains) and should train more rows. Smoke (4c73082, min_groups 1,
+    # 3 steps of 3 prompts x 8, beside two runs): zero-variance groups 1/3, 1/3, 2/3; step 3 skipped one candidate.
     "grpo_informative": ["select={name: informative, key: difficulty, max_skip: 0.9, decay: 0.1, min_groups: 4}"],
     "agon": ["driver={name: agon, mode: competitive, rotate_roles: true, players: lora, rival_weight: 1.0, "
              "summary: running_totals}",
