@@ -338,8 +338,8 @@ def timed(fn, rec: dict, counter):
 
 def _counted(counter, before: dict) -> dict:
     """The counter's FLOPs since the snapshot ``before`` (a step's executed work)."""
-    return {k: counter.counts[k] - before.get(k, 0) for k in
-            ("generation", "update", "generation_head", "update_head")}
+    out = {k: counter.counts[k] - before.get(k, 0) for k in ("generation", "update", "generation_head", "update_head")}
+    return {**out, "head_told": float(counter.head_told)}
 
 
 # ------------------------------------------------------------------------------------------- the sides
@@ -648,7 +648,8 @@ def executed_summary(summary: dict, counted: list[dict], peak: dict) -> dict:
     """Per side: executed GFLOP per step (steps 2..N of the counted run, mean), its split, and the share of the
     matmul peak it is run at (executed FLOPs over the timed runs' median step); then the TRL/groupwise CPU-time
     ratio as the product of executed work (TRL's FLOPs / groupwise's) and engine speed (groupwise's executed FLOPs
-    per CPU second / TRL's)."""
+    per CPU second / TRL's); and each phase's executed FLOPs per CPU second of that phase (generation: inside the
+    generate calls; update: the rest of the step)."""
     out: dict = {}
     for c in counted:
         steps = c["steps"][1:] or c["steps"]
@@ -657,7 +658,9 @@ def executed_summary(summary: dict, counted: list[dict], peak: dict) -> dict:
         side = summary["sides"][c["side"]]
         out[c["side"]] = {**mean, "total": total, "peak_frac": total / side["step_s"] / peak["wall"],
                           "peak_frac_cpu": total / side["cpu_s"] / peak["cpu"],
-                          "per_cpu_s": total / side["cpu_s"]}
+                          "per_cpu_s": total / side["cpu_s"],
+                          "gen_per_cpu_s": mean["generation"] / max(side["gen_cpu_s"], 1e-9),
+                          "update_per_cpu_s": mean["update"] / max(side["cpu_s"] - side["gen_cpu_s"], 1e-9)}
     if {"trl", "groupwise"} <= out.keys() and "ratio_cpu_s" in summary:
         t, g = out["trl"], out["groupwise"]
         out["work_ratio"] = t["total"] / g["total"]
@@ -702,15 +705,17 @@ def table(result: dict) -> str:
     ex = s.get("executed")
     if ex:
         lines.append("\nexecuted FLOPs (one more run per side under the counter, torch's per-op formulas; mean over "
-                     "steps 2..N):")
-        lines.append(f"{'side':<10} {'GFLOP':>7} {'gen':>7} {'update':>7} {'LM head':>8} {'%peak':>6} {'%pk cpu':>7}")
+                     "steps 2..N; LM head '-': a vocabulary too small to tell from other sizes):")
+        lines.append(f"{'side':<10} {'GFLOP':>7} {'gen':>7} {'update':>7} {'LM head':>8} {'%peak':>6} {'%pk cpu':>7} "
+                     f"{'gen GF/cpu s':>12} {'update GF/cpu s':>15}")
         for side in ("trl", "groupwise"):
             if side in ex:
                 e = ex[side]
-                head = (e["generation_head"] + e["update_head"]) / 1e9
+                head = f"{(e['generation_head'] + e['update_head']) / 1e9:.1f}" if e["head_told"] else "-"
                 lines.append(f"{side:<10} {e['total'] / 1e9:>7.1f} {e['generation'] / 1e9:>7.1f} "
-                             f"{e['update'] / 1e9:>7.1f} {head:>8.1f} {100 * e['peak_frac']:>5.1f}% "
-                             f"{100 * e['peak_frac_cpu']:>6.1f}%")
+                             f"{e['update'] / 1e9:>7.1f} {head:>8} {100 * e['peak_frac']:>5.1f}% "
+                             f"{100 * e['peak_frac_cpu']:>6.1f}% {e['gen_per_cpu_s'] / 1e9:>12.1f} "
+                             f"{e['update_per_cpu_s'] / 1e9:>15.1f}")
         if "work_ratio" in ex:
             lines.append(f"TRL/groupwise CPU time {s['ratio_cpu_s']:.2f}x = executed work {ex['work_ratio']:.2f}x "
                          f"(TRL's FLOPs / groupwise's) x engine speed {ex['speed_ratio']:.2f}x (groupwise's "
