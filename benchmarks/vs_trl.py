@@ -45,7 +45,7 @@ per group) is on, as groupwise ships it (or as ``--recipe``'s ``optim`` sets it 
 Equal executed work (issue 45): ``--trl-micro-batch M`` runs TRL's update in micro-batches of M rows
 (``per_device_train_batch_size`` M, ``gradient_accumulation_steps`` rows / M, one generation per optimizer step), its
 documented way to cut padding; ``--trl-generation continuous`` switches TRL to transformers' continuous batching (it
-runs on CPU, but ~140x slower than ``generate`` at lab-tiny and with an 11.9 GB paged cache: not CPU-friendly).
+runs on CPU, but ~200x slower than ``generate`` at lab-tiny and with an 11.9 GB paged cache: not CPU-friendly).
 ``--count-flops`` adds one run per side under ``executed_flops`` (a dispatch mode that adds up torch's per-op FLOP
 formulas over every executed matmul and attention op, by phase, with the LM head's part), not timed; it must
 replay its side's first timed run token for token (else a WARNING), and the table then splits the TRL/groupwise
