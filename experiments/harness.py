@@ -5,11 +5,16 @@ Each run is `python -m groupwise.cli train <recipe> <arm overrides> seed=<s> nam
 the 2-core reference machine). Aggregates are mean ± sample std over seeds (and min..max), from each run's
 ``summary.json`` (held-out eval before/after) and ``metrics.jsonl`` (training curves). Nothing is tuned
 here: an experiment script states its arms and budget, and reports whatever comes out.
+
+``experiments/out`` is not committed; ``python experiments/harness.py archive <experiment>`` copies its results (not
+its checkpoints) into ``experiments/results/<experiment>``, which is, and ``restore`` puts them back for
+``--report-only`` on a fresh machine (2026-12-07: a replaced machine took a day of the real-model lab's runs along).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -22,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "out"
+RESULTS = ROOT / "experiments" / "results"  # archived results, committed: what a lost machine must not take along
 FIXED = ["trainer.threads=1", "trainer.progress=false"]  # what every run adds to its arm's overrides
 
 
@@ -279,3 +285,55 @@ def plot_curves(runs: dict[str, list[Path]], keys: list[str], out: Path, x: str 
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+# An archive keeps every file of an experiment's output but its checkpoints and the pieces of unfinished work (a run's
+# lock, an eval's chunks, temporary files), text logs and records gzipped: a restored finished run is what
+# ``--report-only`` reads (its summary, metrics, eval records), not what ``--resume`` or ``--transfer`` needs (weights).
+ZIPPED = (".jsonl", ".log")
+
+
+def archived(path: Path) -> bool:
+    return not ({"checkpoints", "weights"} & set(path.parts) or path.name == ".lock" or ".chunk" in path.name
+                or path.suffix == ".tmp")
+
+
+def archive(out_dir: Path, dest: Path) -> list[Path]:
+    """Copy ``out_dir``'s results into ``dest`` (``ZIPPED`` suffixes gzipped, ``mtime=0`` so unchanged content
+    gives unchanged bytes); returns the files written or changed."""
+    written = []
+    for src in sorted(p for p in out_dir.rglob("*") if p.is_file() and archived(p.relative_to(out_dir))):
+        rel = src.relative_to(out_dir)
+        data = src.read_bytes()
+        if src.suffix in ZIPPED:
+            rel, data = rel.with_name(rel.name + ".gz"), gzip.compress(data, mtime=0)
+        if not (target := dest / rel).exists() or target.read_bytes() != data:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            written.append(target)
+    return written
+
+
+def restore(dest: Path, out_dir: Path) -> list[Path]:
+    """The reverse of ``archive``: every archived file that ``out_dir`` lacks, unzipped; returns the files written."""
+    written = []
+    for src in sorted(p for p in dest.rglob("*") if p.is_file()):
+        rel = src.relative_to(dest)
+        zipped = src.suffix == ".gz" and Path(src.stem).suffix in ZIPPED
+        if (target := out_dir / (rel.with_name(src.stem) if zipped else rel)).exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(gzip.decompress(src.read_bytes()) if zipped else src.read_bytes())
+        written.append(target)
+    return written
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(description="archive an experiment's results (experiments/out/<experiment> -> "
+                                  "experiments/results/<experiment>, to commit) or restore them")
+    cli.add_argument("action", choices=["archive", "restore"])
+    cli.add_argument("experiment")
+    a = cli.parse_args()
+    out, res = OUT / a.experiment, RESULTS / a.experiment
+    files = archive(out, res) if a.action == "archive" else restore(res, out)
+    print(f"{a.action}: {len(files)} files -> {res if a.action == 'archive' else out}")

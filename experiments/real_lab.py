@@ -64,6 +64,8 @@ result is committed as it finishes, and the table below says what is done and wh
     PYTHONPATH=src python experiments/real_lab.py --jobs 2 --arms grpo grpo_2ep --seeds 0 1 2
     PYTHONPATH=src python experiments/real_lab.py --report-only
     PYTHONPATH=src python experiments/real_lab.py --compare BASE RUN...   # RUNs' step 30 against BASE's step 0
+    python experiments/harness.py archive real_lab   # results (no weights) -> experiments/results/real_lab, committed
+    python experiments/harness.py restore real_lab   # on a fresh checkout, before --report-only
 
 Running table (updated as runs finish; done / left):
 
@@ -138,6 +140,12 @@ Running table (updated as runs finish; done / left):
   among boxed answers 0.435 (GRPO 0.454); ~99 s a step beside the other lane and the test suite.
 - WRITTEN 2026-12-07 (issue 46, before any run; smoked, the comments at ARMS): the peers' objectives as arms, GSPO,
   CISPO and GMPO with two passes against ``grpo_2ep`` (CONTROL), MaxRL against GRPO; queued after the sixteen.
+- LOST 2026-12-07 ~08:10: the machine was replaced, and ``experiments/out`` (never committed) went with it: every
+  run above, its eval records and the step-0 evals. The numbers written above stand as recorded but can no longer be
+  re-read or paired against. Since then each finished run's results (summary, metrics, eval records; not weights)
+  are archived to ``experiments/results/real_lab`` and committed. RERUNNING from 2026-12-07 09:01 (two lanes):
+  GRPO seeds 0 and 1 (the same seeds and code: a check that a run reproduces its recorded numbers), then GRPO seed 2,
+  DRE, GARL and LamPO seed 0, the int8 and informative arms, the remaining seeds.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
