@@ -261,13 +261,15 @@ def matmul_peak(n: int, threads: int, reps: int = 5) -> dict:
     return {"wall": 2 * n**3 / wall, "cpu": 2 * n**3 / max(cpu, 1e-9)}
 
 
-def executed_flops(vocab: int, other_dims: set[int]):
+def executed_flops(vocab: int, other_dims: set[int], hidden: int = 0):
     """A ``TorchDispatchMode`` that adds up the FLOPs of every matmul and attention op a process executes (torch's
     own per-op formulas, ``torch.utils.flop_counter``; ops without one are decomposed first, as its
     ``FlopCounterMode`` does), by phase (``.phase``: "generation" inside generate, else "update") and, when the
     vocabulary can be told apart from every other dimension (``vocab`` >= 4096 and none of the model's other
     sizes), the LM head's part: a matmul with the vocabulary among its dimensions (head forward, and both of its
-    backward GEMMs). Decomposed attention runs slower, so a counted run is never a timed one."""
+    backward GEMMs), or (``hidden`` given) one that reads or writes a tile of a ``vocab`` x ``hidden`` tensor's
+    storage (the head's weight or its gradient: TRL's chunked log-prob kernel multiplies vocabulary tiles of 32,768
+    rows, a size no shape test can name). Decomposed attention runs slower, so a counted run is never a timed one."""
     from collections import Counter
 
     import torch
@@ -278,14 +280,23 @@ def executed_flops(vocab: int, other_dims: set[int]):
     sdpa, sdpa_back = aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward
     formulas = {**flop_registry,  # torch's registry lacks the CPU flash-attention kernels: the same formulas
                 aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[sdpa],
-                aten._scaled_dot_product_flash_attention_for_cpu_backward: flop_registry[sdpa_back]}
+                aten._scaled_dot_product_flash_attention_for_cpu_backward: flop_registry[sdpa_back],
+                # in place, as TRL's chunked log-prob kernel accumulates its gradients (torch's registry has only
+                # the out-of-place ops, and neither decomposes: uncounted before 2026-12-07)
+                aten.addmm_: flop_registry[aten.addmm], aten.baddbmm_: flop_registry[aten.baddbmm]}
     head_told = vocab >= 4096 and vocab not in other_dims
-    mats = {"mm", "addmm", "bmm", "baddbmm"}
+    mats = {"mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_"}
 
     class ExecutedFlops(TorchDispatchMode):
         def __init__(self):
             super().__init__()
             self.phase, self.counts, self.head_told = "update", Counter(), head_told
+
+        @staticmethod
+        def head(*tensors) -> bool:
+            ts = [t for t in tensors if isinstance(t, torch.Tensor)]
+            return any(vocab in t.shape for t in ts) or bool(hidden) and any(
+                t.untyped_storage().nbytes() == vocab * hidden * t.element_size() for t in ts)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -299,7 +310,7 @@ def executed_flops(vocab: int, other_dims: set[int]):
             out = func(*args, **kwargs)
             flops = formulas[packet](*args, **kwargs, out_val=out)
             self.counts[self.phase] += flops
-            if head_told and packet.__name__ in mats and vocab in (*out.shape, *args[-1].shape, *args[-2].shape):
+            if head_told and packet.__name__ in mats and self.head(out, *args):
                 self.counts[f"{self.phase}_head"] += flops
             return out
 
@@ -315,7 +326,7 @@ def flop_counter_for(spec: dict):
     c = AutoConfig.from_pretrained(spec["model_dir"], local_files_only=True)
     dims = {getattr(c, k, None) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                           "num_key_value_heads", "head_dim", "max_position_embeddings")}
-    return executed_flops(c.vocab_size, {d for d in dims if isinstance(d, int)})
+    return executed_flops(c.vocab_size, {d for d in dims if isinstance(d, int)}, c.hidden_size)
 
 
 def timed(fn, rec: dict, counter):

@@ -94,6 +94,15 @@ def test_executed_flops_counts_torch_formulas_by_phase_and_head(vs_trl):
         counter.phase = "update"
         out.sum().backward()  # five GEMMs of 2·2·4·4·8 (scores again, dV, dP, dQ, dK)
     assert dict(counter.counts) == {"update": 120000 + 2560, "update_head": 120000, "generation": 144 + 1024}
+    tiled = vs_trl.executed_flops(5000, {4, 6}, hidden=4)  # TRL's chunked log-probs: vocabulary tiles of 2500 rows
+    head, h, g = torch.randn(5000, 4), torch.randn(3, 4), torch.randn(3, 2500)
+    grad_head, grad_h = torch.zeros(5000, 4), torch.zeros(3, 4)
+    with tiled:
+        torch.mm(h, head[:2500].t(), out=torch.empty(3, 2500))  # forward tile: reads the head's storage, 2·3·4·2500
+        grad_head[2500:].addmm_(g.t(), h)  # in place into the head's gradient: 2·2500·3·4
+        grad_h.addmm_(g, head[2500:])  # the hidden states' gradient, reading the head: 2·3·2500·4
+        torch.randn(3, 4) @ torch.randn(4, 2500)  # a 2500-wide GEMM of nothing with the head's storage: not the head
+    assert dict(tiled.counts) == {"update": 4 * 60000, "update_head": 3 * 60000}
     small = vs_trl.executed_flops(108, set())  # a toy vocabulary cannot be told from row counts: no head split
     with small:
         torch.randn(3, 4) @ torch.randn(4, 108)
