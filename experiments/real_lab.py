@@ -65,6 +65,7 @@ result is committed as it finishes, and the table below says what is done and wh
     PYTHONPATH=src python experiments/real_lab.py --report-only
     PYTHONPATH=src python experiments/real_lab.py --compare BASE RUN...   # RUNs' step 30 against BASE's step 0
     python experiments/harness.py archive real_lab   # results (no weights) -> experiments/results/real_lab, committed
+    (setsid experiments/lane.sh real_lab /tmp/queue.txt > /tmp/laneA.out 2>&1 &)   # x2: two lanes on one queue
     python experiments/harness.py restore real_lab   # on a fresh checkout, before --report-only
 
 Running table (updated as runs finish; done / left):

@@ -1,0 +1,24 @@
+#!/bin/bash
+# One lane of an experiment's queue: pops the first "arm seed" line of QUEUE (under a lock, so several lanes share
+# one queue and its order can be edited while they run), runs that one run with its evals, archives the experiment's
+# results (experiments/results/<experiment>, to commit), and repeats until the queue is empty. One torch thread a lane;
+# two lanes fill the 2-core machine (each real-model lab run holds ~6.5 GB training, ~8.4 GB in its evals).
+#
+#   printf 'grpo 0\ngrpo 1\ngarl 0\n' > /tmp/queue.txt
+#   (setsid experiments/lane.sh real_lab /tmp/queue.txt > /tmp/laneA.out 2>&1 &)   # and again for a second lane
+#
+# Each start and end goes to QUEUE.log with the exit status; a run's own output to QUEUE.<arm>-s<seed>.out.
+set -u
+experiment=$1 queue=$(realpath "$2")
+cd "$(dirname "$0")/.."
+while true; do
+  job=$(flock "$queue.lock" bash -c 'l=$(head -n1 "$0"); [ -n "$l" ] && sed -i 1d "$0"; echo "$l"' "$queue")
+  [ -z "$job" ] && break
+  read -r arm seed <<< "$job"
+  echo "$(date -Is) START $arm s$seed" >> "$queue.log"
+  OMP_NUM_THREADS=1 PYTHONPATH=src python "experiments/$experiment.py" --jobs 1 --arms "$arm" --seeds "$seed" \
+    > "$queue.$arm-s$seed.out" 2>&1
+  rc=$?
+  flock "$queue.lock" python experiments/harness.py archive "$experiment" >> "$queue.log" 2>&1
+  echo "$(date -Is) END $arm s$seed rc=$rc" >> "$queue.log"
+done
