@@ -146,7 +146,9 @@ Running table (updated as runs finish; done / left):
   re-read or paired against. Since then each finished run's results (summary, metrics, eval records; not weights)
   are archived to ``experiments/results/real_lab`` and committed. RERUNNING from 2026-12-07 09:01 (two lanes):
   GRPO seeds 0 and 1 (the same seeds and code: a check that a run reproduces its recorded numbers), then GRPO seed 2,
-  DRE, GARL and LamPO seed 0, the int8 and informative arms, the remaining seeds.
+  DRE, GARL and LamPO seed 0, the int8 and informative arms, the remaining seeds. The format warm-up was rebuilt
+  (~37 min beside other work) and the step-0 in-run evals came out as recorded, to the digit: mean@4 0.307 / 0.312,
+  greedy 0.400 / 0.400 (seeds 0 / 1). Steps 55-60 s with only the two lanes on the machine.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
