@@ -211,3 +211,24 @@ def test_a_verifier_failure_from_memory_names_the_limit():
     assert w(Problem("p", "q", "7"), "7") is True and w.restarts == 1
     w.close()
 
+
+
+def private_mb(pid: int) -> float:
+    """The pages only ``pid`` holds (its copies of pages the process it was forked from has since freed or written)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:")) / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux's smaps_rollup")
+def test_the_worker_is_forked_at_build_and_holds_none_of_the_trainers_later_memory():
+    built = Forked(os.getpid, 10)  # forked here, before the trainer's big allocation
+    big = bytearray(300 * 2**20)  # e.g. an eval's KV cache: written, then freed
+    late = Forked(os.getpid, 10)  # what a worker forked at its first call, inside that eval, would be
+    try:
+        assert built() == built._proc.pid != os.getpid() and late() == late._proc.pid
+        del big  # the trainer frees its buffer; a worker forked while it was live keeps it as its own
+        assert private_mb(late._proc.pid) > 250
+        assert private_mb(built._proc.pid) < 50
+    finally:
+        built.close()
+        late.close()
