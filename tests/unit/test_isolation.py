@@ -222,7 +222,7 @@ def private_mb(pid: int) -> float:
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux's smaps_rollup")
 def test_the_worker_is_forked_at_build_and_holds_none_of_the_trainers_later_memory():
     built = Forked(os.getpid, 10)  # forked here, before the trainer's big allocation
-    big = bytearray(300 * 2**20)  # e.g. an eval's KV cache: written, then freed
+    big = b"x" * (300 * 2**20)  # e.g. an eval's KV cache: written (every page resident), then freed
     late = Forked(os.getpid, 10)  # what a worker forked at its first call, inside that eval, would be
     try:
         assert built() == built._proc.pid != os.getpid() and late() == late._proc.pid
