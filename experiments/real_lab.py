@@ -149,6 +149,9 @@ Running table (updated as runs finish; done / left):
   DRE, GARL and LamPO seed 0, the int8 and informative arms, the remaining seeds. The format warm-up was rebuilt
   (~37 min beside other work) and the step-0 in-run evals came out as recorded, to the digit: mean@4 0.307 / 0.312,
   greedy 0.400 / 0.400 (seeds 0 / 1). Steps 55-60 s with only the two lanes on the machine.
+  Stopped at steps 14 / 12 (SIGTERM: saved) and resumed at 11:05 on e3546df, whose verifier worker is forked at
+  build: it holds 75 MB of its own memory, where the worker forked inside the step-0 eval held 4.7 GB (lane A) and
+  0.85 GB (lane B) of the trainer's freed eval buffers (``isolation.Forked``).
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
