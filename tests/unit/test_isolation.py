@@ -212,7 +212,6 @@ def test_a_verifier_failure_from_memory_names_the_limit():
     w.close()
 
 
-
 def private_mb(pid: int) -> float:
     """The pages only ``pid`` holds (its copies of pages the process it was forked from has since freed or written)."""
     with open(f"/proc/{pid}/smaps_rollup") as f:
