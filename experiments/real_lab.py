@@ -152,6 +152,10 @@ Running table (updated as runs finish; done / left):
   Stopped at steps 14 / 12 (SIGTERM: saved) and resumed at 11:05 on e3546df, whose verifier worker is forked at
   build: it holds 75 MB of its own memory, where the worker forked inside the step-0 eval held 4.7 GB (lane A) and
   0.85 GB (lane B) of the trainer's freed eval buffers (``isolation.Forked``).
+  Seed 0's step-30 in-run eval reproduces too, through a SIGSTOP pause and two SIGTERM stops and resumes: mean@4
+  0.321, greedy 0.365, as recorded. STOPPED at the session's end (2026-12-07 11:47, SIGTERM: saved): seed 0 at step
+  34, seed 1 at 32. Queue, in order: grpo 0, grpo 1, grpo 2, dre 0, garl 0, lampo 0, grpo_int8 0, grpo_informative 0,
+  garl 1, garl 2, lampo 1, lampo 2, dre 1, dre 2, grpo_2ep 0, then the other arms x 3 seeds.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
