@@ -2,7 +2,8 @@
 # One lane of an experiment's queue: pops the first "arm seed" line of QUEUE (under a lock, so several lanes share
 # one queue and its order can be edited while they run), runs that one run with its evals, archives the experiment's
 # results (experiments/results/<experiment>, to commit), and repeats until the queue is empty. One torch thread a lane;
-# two lanes fill the 2-core machine (each real-model lab run holds ~6.5 GB training, ~8.4 GB in its evals).
+# two lanes fill the 2-core machine (two real-model lab runs held ~11 GB together on 2026-12-07, `free -g`). It runs
+# the first `python` on PATH: the project's virtual environment's.
 #
 #   printf 'grpo 0\ngrpo 1\ngarl 0\n' > /tmp/queue.txt
 #   (setsid experiments/lane.sh real_lab /tmp/queue.txt > /tmp/laneA.out 2>&1 &)   # and again for a second lane
