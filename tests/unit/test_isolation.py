@@ -220,12 +220,18 @@ def private_mb(pid: int) -> float:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux's smaps_rollup")
 def test_the_worker_is_forked_at_build_and_holds_none_of_the_trainers_later_memory():
+    import mmap
+
     built = Forked(os.getpid, 10)  # forked here, before the trainer's big allocation
-    big = b"x" * (300 * 2**20)  # e.g. an eval's KV cache: written (every page resident), then freed
+    # e.g. an eval's KV cache: its own mapping (as a large tensor's is), every page written, then unmapped. Not a
+    # ``bytes``: a long suite's heap can serve one from free chunks that ``del`` keeps mapped, shared with the worker.
+    big = mmap.mmap(-1, 300 * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for _ in range(300):
+        big.write(b"x" * 2**20)
     late = Forked(os.getpid, 10)  # what a worker forked at its first call, inside that eval, would be
     try:
         assert built() == built._proc.pid != os.getpid() and late() == late._proc.pid
-        del big  # the trainer frees its buffer; a worker forked while it was live keeps it as its own
+        big.close()  # the trainer frees its buffer; a worker forked while it was live keeps it as its own
         assert private_mb(late._proc.pid) > 250
         assert private_mb(built._proc.pid) < 50
     finally:
