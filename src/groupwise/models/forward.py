@@ -114,7 +114,17 @@ def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
             share: bool = True, common: bool = True) -> tuple[Any, Tensor, Tensor]:
     """One forward per distinct prompt (left-padded), its KV cache expanded to one row per prompt given (an index:
     differentiable, so under grad each distinct prompt's backward also runs once). Returns (cache, the last
-    prompt position's logits [B, V], the attention mask [B, W]); generation and ``shared_prefix_logprobs`` share it.
+    prompt position's logits [B, V], the attention mask [B, W]); ``shared_prefix_logprobs`` and the generator's
+    model-forward decode use it (``prefill_distinct``: the same, not expanded)."""
+    cache, logits, attn, row = prefill_distinct(model, prompts, pad_id, device, share, common)
+    cache.batch_select_indices(row)  # one cache row per prompt given
+    return cache, logits[row], attn[row]
+
+
+def prefill_distinct(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
+                     share: bool = True, common: bool = True) -> tuple[Any, Tensor, Tensor, Tensor]:
+    """``prefill`` with its cache, logits [U, V] and mask [U, W] one row per distinct prompt, and ``row`` [B]: the
+    row of each prompt given (the fused decode attends to each prompt's keys once for all its samples).
     ``share=False`` runs every prompt given, duplicates included (``rollout.generator.share_prefill``).
 
     ``common``: the longest token prefix that every distinct prompt starts with (a system prompt, worked
@@ -154,9 +164,7 @@ def prefill(model: torch.nn.Module, prompts: list[Tensor], pad_id: int, device,
     attn = torch.cat([attn.new_ones(len(uniq), n_common), attn], dim=1)
     out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1,
                 **cache_kw)
-    cache = out.get("cache") or out.get("past_key_values")
-    cache.batch_select_indices(row)  # one cache row per prompt given
-    return cache, out.logits[:, -1][row], attn[row]
+    return out.get("cache") or out.get("past_key_values"), out.logits[:, -1], attn, row
 
 
 def common_prefix_len(prompts: list[Tensor]) -> int:

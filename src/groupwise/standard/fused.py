@@ -10,14 +10,17 @@ the same function with
     every adapted projection (o_proj and down_proj included), computed into new tensors, so the model's own
     parameters are never touched (no ``merge_adapter``: the trainer's forward stays the unmerged adapter, and
     the next call folds the adapter the optimizer has since updated);
-  * a preallocated KV buffer ``[layers, rows, kv_heads, width + new tokens, head_dim]`` written in place, with
-    a boolean key mask (left padding of the prompts stays masked), and finished rows dropped by an index;
-  * grouped-query attention in ``scaled_dot_product_attention(enable_gqa=True)`` instead of repeating K/V.
+  * each distinct prompt's keys and values held once (the prefill's cache, one row per prompt: ``Prompts``), and
+    a preallocated buffer ``[layers, rows, kv_heads, new tokens, head_dim]`` of each request's generated ones,
+    written in place, finished rows dropped by an index;
+  * a cascade attention (``Prompts.attend``): a prompt's queries (its requests', a group's G samples) attend to
+    its keys in one product (left padding masked), each row to its generated keys, the two joined by their
+    log-sum-exps; grouped-query attention without repeating K/V.
 
 Everything that carries a model's own numerics is the model's own module, called as is: the embedding, every
 RMSNorm (Qwen3's per-head q/k norms included), the rotary embedding (so scaled RoPE variants work), the final
 norm and the LM head (an adapted or ``modules_to_save`` head too). The prefill is the model's own forward
-(``forward.prefill``, one pass per distinct prompt); its cache is copied into the buffer. Outputs equal the
+(``forward.prefill_distinct``, one pass per distinct prompt); its cache is the prompts' keys. Outputs equal the
 model's decode up to float summation order (the fused GEMMs add the same products in another order, and the
 LoRA fold computes ``x W + scaling · (x A) B`` as one product): tests/unit/rollout/test_fused_decode.py. The fold
 is limited to float32 weights: in bfloat16, rounding ``W + scaling · B A`` to bfloat16 is a coarser change than
@@ -35,7 +38,7 @@ pretraining split; and no sliding-window layer whose window is shorter than the 
 matmul units): the folded weights and a copy of the LM head's are cast to bfloat16 once per generate call (the
 model's parameters are untouched), every GEMM of the step (fused q/k/v, o_proj, fused gate/up, down_proj, the LM
 head) runs in bfloat16, the KV buffer is bfloat16 (the prefill's cache, which the ``hf`` generator computes under
-autocast, rounded into it), and the attention is two bfloat16 GEMMs around a float32 softmax (``_attend``:
+autocast, rounded to bfloat16), and the attention is bfloat16 GEMMs around a float32 softmax (``Prompts.attend``:
 ``scaled_dot_product_attention``'s CPU kernel is slower in bfloat16 than in float32). The residual stream stays
 float32: the embedding, every RMSNorm (the model's own modules, on the float32 residual; Qwen3's q/k norms upcast
 as they do), the rotary embedding (applied in float32, then rounded) and the residual adds; a GEMM's input is
@@ -206,13 +209,15 @@ def _fused(*lins: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
 
 
 class FusedDecoder:
-    """The decode state of one generate call: fused weights, the KV buffer and its key mask; with ``dtype``
-    (bfloat16) the weights, the head's copy and the buffer in that precision, or (``torch.qint8``) the weights and
-    the head's as int8 packs, smoothed by ``ranges`` (``ActRanges.amax``) where given (module docstring)."""
+    """The decode state of one generate call: fused weights, each distinct prompt's keys and values (the prefill's
+    cache, one row per prompt) and each request's own generated ones; with ``dtype`` (bfloat16) the weights, the
+    head's copy and the keys and values in that precision, or (``torch.qint8``) the weights and the head's as int8
+    packs, smoothed by ``ranges`` (``ActRanges.amax``) where given (module docstring). ``row`` [B]: each request's
+    row of ``cache`` / ``attn`` (None: one cache row per request)."""
 
     @no_grad
     def __init__(self, model: torch.nn.Module, cache, attn: Tensor, new_tokens: int,
-                 dtype: torch.dtype | None = None, ranges: dict | None = None):
+                 dtype: torch.dtype | None = None, ranges: dict | None = None, row: Tensor | None = None):
         self.model = base_model(model)
         self.int8 = dtype == torch.qint8  # the GEMMs in int8 (fbgemm's dynamic linear), all else float32
         self.dtype = None if self.int8 else dtype  # the GEMMs', attention's and KV buffer's low precision (bf16)
@@ -236,21 +241,22 @@ class FusedDecoder:
         # the LM head: the model's own module (dtype None), else a copy of its (folded) weight in dtype, or its pack
         head = None if dtype is None else _weight(self.model.lm_head)
         self.head = head and ((_pack(*head, (ranges or {}).get("head")),) if self.int8 else _cast(*head, dtype))
-        rows, width = attn.shape
-        first = cache.layers[0].keys
-        shape = (len(self.layers), rows, self.kv_heads, width + new_tokens, self.head_dim)
-        self.k = first.new_zeros(shape, dtype=self.dtype or first.dtype)
-        self.v = first.new_zeros(shape, dtype=self.dtype or first.dtype)
-        for i, layer_cache in enumerate(cache.layers):
-            self.k[i, :, :, :width] = layer_cache.keys
-            self.v[i, :, :, :width] = layer_cache.values
-        self.valid = torch.zeros((rows, width + new_tokens), dtype=torch.bool, device=attn.device)
-        self.valid[:, :width] = attn.bool()
-        self.n = width  # filled key positions
+        row = torch.arange(len(attn), device=attn.device) if row is None else row.to(attn.device)
+        low = self.dtype or cache.layers[0].keys.dtype
+        self.prompt = Prompts([c.keys.to(low) for c in cache.layers], [c.values.to(low) for c in cache.layers],
+                              attn.bool(), row)
+        self.flash = self.dtype is None and attn.device.type == "cpu" and hasattr(torch.ops.aten, _FLASH)
+        # each request's generated keys and values: every position up to the step's is written for every live row
+        # (no mask, nothing to zero)
+        shape = (len(self.layers), len(row), self.kv_heads, new_tokens, self.head_dim)
+        self.k, self.v = torch.empty(shape, dtype=low, device=attn.device), torch.empty(shape, dtype=low,
+                                                                                        device=attn.device)
+        self.n = 0  # generated positions written
 
     def keep(self, rows: Tensor) -> None:
         """Drop finished rows (``rows``: the indices to keep)."""
-        self.k, self.v, self.valid = self.k[:, rows], self.v[:, rows], self.valid[rows]
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.prompt.keep(rows)
 
     @no_grad
     def step(self, tok: Tensor, pos: Tensor) -> Tensor:
@@ -262,8 +268,6 @@ class FusedDecoder:
         lo = self.dtype or h.dtype  # the GEMMs' precision (``.to(lo)`` is a no-op without ``dtype``)
         cos, sin = inner.rotary_emb(h[:, None], pos[:, None])  # [B, 1, D]
         cos, sin = cos[:, :, None], sin[:, :, None]  # against [B, 1, heads, D]
-        self.valid[:, n] = True
-        mask = self.valid[:, None, None, :n + 1]  # [B, 1, 1, keys]
         qn, kn = self.heads * d, self.kv_heads * d
         for i, (layer, (w_qkv, b_qkv, w_o, w_gu, b_gu, inter, w_down)) in enumerate(zip(self.layers, self.w)):
             a = layer.self_attn
@@ -277,12 +281,8 @@ class FusedDecoder:
             k = k * cos + _rotate_half(k) * sin
             self.k[i, :, :, n] = k[:, 0]
             self.v[i, :, :, n] = v.view(b, self.kv_heads, d)
-            if self.dtype is None:
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), self.k[i, :, :, :n + 1],
-                                                   self.v[i, :, :, :n + 1], attn_mask=mask, scale=self.scaling,
-                                                   enable_gqa=self.heads != self.kv_heads)
-            else:
-                o = _attend(q, self.k[i, :, :, :n + 1], self.v[i, :, :, :n + 1], mask, self.scaling)
+            o = self.prompt.attend(i, q.view(b, self.kv_heads, self.heads // self.kv_heads, d),
+                                   self.k[i, :, :, :n + 1], self.v[i, :, :, :n + 1], self.scaling, self.flash)
             h = h + self._linear(o.reshape(b, qn), w_o)  # what o_proj computes (nn.Linear: the same call)
             x = layer.post_attention_layernorm(h).to(lo)
             gu = self._mm(x, w_gu, b_gu)
@@ -369,18 +369,72 @@ def _qlinear(x: Tensor, pack) -> Tensor:
                                               torch.backends.quantized.engine != "qnnpack")
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """One query per row against the buffer, in bfloat16 GEMMs: ``q`` [B, 1, heads, D], ``k``/``v`` [B, kv heads,
-    keys, D], ``mask`` [B, 1, 1, keys]; the scores (rounded to bfloat16 by their GEMM) are scaled, masked and
-    soft-maxed in float32, the weights rounded to bfloat16 for the product with v. Query head j reads kv head
-    j // (heads / kv heads), as ``enable_gqa`` does. Why not ``scaled_dot_product_attention``: its CPU kernel in
-    bfloat16 ran 3.3x slower than in float32 at the real model's decode shapes (64 rows x 9 heads x ~200 keys:
-    12.3 against 3.8 ms a call), this 2.6 ms."""
-    b, _, heads, d = q.shape
-    kv = k.shape[1]
-    s = torch.matmul(q.reshape(b, kv, heads // kv, d), k.transpose(-1, -2))  # [B, kv, heads / kv, keys]
-    s = (s.float() * scale).masked_fill_(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1).to(v.dtype), v)  # [B, kv, heads / kv, D]: heads in order
+_FLASH = "_scaled_dot_product_flash_attention_for_cpu"  # torch's CPU flash attention, which returns the logsumexp
+
+
+class Prompts:
+    """Each distinct prompt's keys and values, held once for all the requests that share the prompt (a group's G
+    samples), and one decode step's attention over them and each request's own generated keys: a cascade. Each
+    prompt's queries (its requests' query heads, laid out on a ``[prompts, slots]`` grid) attend to its keys in one
+    product, the generated part row by row, and the two softmaxes are joined by their log-sum-exps, so every query
+    sees ``softmax`` over [its prompt's keys | its generated keys], the same function as one attention over a buffer
+    with the prompt copied into every row, up to float summation order. What it saves: that copy (and its zeroing,
+    and the copy at each compaction of finished rows) and reading the prompt's keys once per request; the prompts
+    are also no longer padded to the widest one for the generated keys' sake. On SmolLM2-135M's lab decode (64
+    rows = 8 prompts x 8 of 78-237 tokens, 128 new tokens, one thread) a generate call took 1.11x less CPU time and
+    1.2 GB less memory at its peak (docs/benchmarks.md, "Lever: shared-prompt attention")."""
+
+    def __init__(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, row: Tensor):
+        self.keys, self.values = keys, values  # per layer [U, kv heads, W, D]
+        self.u = mask.shape[0]
+        self.mask = mask[:, None, None, :]  # [U, 1, 1, W]: left padding (and a common prefix's layout) masked
+        self.bias = torch.zeros(self.mask.shape, device=mask.device).masked_fill_(~self.mask, float("-inf"))
+        # request b's queries sit in slot (row[b], j) of the grid, j its rank among the requests of its prompt
+        counts = torch.bincount(row, minlength=self.u)
+        order = torch.argsort(row, stable=True)
+        rank = torch.empty_like(row)
+        rank[order] = torch.arange(len(row), device=row.device) - (counts.cumsum(0) - counts)[row[order]]
+        self.slots = int(counts.max())
+        self.grid = row * self.slots + rank
+
+    def keep(self, rows: Tensor) -> None:
+        self.grid = self.grid[rows]
+
+    def attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, scale: float, flash: bool) -> Tensor:
+        """Layer ``i``'s attention output [B, kv heads, heads per kv head, D] for queries ``q`` [B, kv heads,
+        heads per kv head, D] (query head j reads kv head j // heads per kv head, as ``enable_gqa``), ``k`` / ``v``
+        [B, kv heads, n, D] the generated keys and values so far (this step's included). ``flash``: the prompt part in
+        torch's CPU flash attention (float32); else two GEMMs around a float32 softmax (bfloat16: ``scaled_dot_product
+        _attention``'s CPU kernel in bfloat16 ran 3.3x slower than float32 at these shapes)."""
+        s = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [B, kv, per, n]
+        grid = self._grid(q)  # [U, kv, slots * per, D]
+        if flash:
+            o_p, lse_p = getattr(torch.ops.aten, _FLASH)(grid, self.keys[i], self.values[i], attn_mask=self.bias,
+                                                         scale=scale)
+        else:
+            s_p = (torch.matmul(grid, self.keys[i].transpose(-1, -2)).float() * scale).masked_fill_(~self.mask,
+                                                                                                    float("-inf"))
+            lse_p = torch.logsumexp(s_p, -1)
+        lse_rows = self._rows(lse_p)  # [B, kv, per]
+        lse = torch.logaddexp(lse_rows, torch.logsumexp(s, -1))  # over the prompt's keys and the generated ones
+        out = torch.matmul(s.sub_(lse[..., None]).exp_().to(v.dtype), v)
+        if flash:
+            return out + self._rows(o_p) * (lse_rows - lse).exp_()[..., None]
+        w_p = s_p.sub_(self._grid(lse)[..., None]).exp_().to(v.dtype)
+        return out + self._rows(torch.matmul(w_p, self.values[i]))
+
+    def _grid(self, x: Tensor) -> Tensor:
+        """[B, kv, per, ...] -> [U, kv, slots * per, ...] (empty slots 0)."""
+        _, kv, per, *rest = x.shape
+        g = x.new_zeros((self.u * self.slots, kv, per, *rest)).index_copy_(0, self.grid, x)
+        return g.view(self.u, self.slots, kv, per, *rest).transpose(1, 2).reshape(self.u, kv, self.slots * per, *rest)
+
+    def _rows(self, x: Tensor) -> Tensor:
+        """``_grid``'s inverse: [U, kv, slots * per, ...] -> [B, kv, per, ...]."""
+        _, kv, width, *rest = x.shape
+        per = width // self.slots
+        r = x.view(self.u, kv, self.slots, per, *rest).transpose(1, 2).reshape(self.u * self.slots, kv, per, *rest)
+        return r.index_select(0, self.grid)
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -1,9 +1,9 @@
 """The ``hf`` generator: batched sampling with any transformers causal LM and its KV cache.
 
-Identical prompts share one prefill (the G samples of a group cost one prompt pass, the cache is
-expanded G-fold), prompts are left-padded, rows stop on EOS, on a stop string or at their own cap, and
-finished rows are dropped from the cache so late steps only compute live rows. It samples from the
-training model's own parameters, so weight sync is free.
+Identical prompts share one prefill (the G samples of a group cost one prompt pass; the fused decode keeps its
+keys once for the G rows, the model's own forward gets the cache expanded G-fold), prompts are left-padded, rows
+stop on EOS, on a stop string or at their own cap, and finished rows are dropped from the cache so late steps only
+compute live rows. It samples from the training model's own parameters, so weight sync is free.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import warnings
 from typing import TYPE_CHECKING, Literal
 
 from groupwise.lazy import no_grad, torch
-from groupwise.models.forward import cache_keyword, prefill
+from groupwise.models.forward import cache_keyword, prefill_distinct
 from groupwise.registry import ConfigError
 from groupwise.rollout import GENERATORS
 from groupwise.rollout.base import Request, SamplingParams, eos_ids
@@ -136,30 +136,34 @@ class HFGenerator:
         return out
 
     def _prefill(self, reqs: list[Request], low: bool):
-        """One forward per distinct prompt (left-padded; their common prefix once), its cache expanded to one
-        row per request; ``low``: under autocast to ``dtype`` (the bf16 fused decode's prefill: its logits and
-        cache in bfloat16)."""
+        """One forward per distinct prompt (left-padded; their common prefix once): its cache, last logits [U, V]
+        and mask [U, W] one row per distinct prompt, and each request's row [B]; ``low``: under autocast to
+        ``dtype`` (the bf16 fused decode's prefill: its logits and cache in bfloat16)."""
         dev = next(self.model.parameters()).device
         with torch.autocast(dev.type, dtype=self._dtype) if low else contextlib.nullcontext():
-            cache, logits, attn = prefill(self.model, [r.prompt_ids for r in reqs], self.pad_id, dev,
-                                          self.cfg.share_prefill, self.cfg.share_common_prefix)
-        return cache, logits, attn, attn.sum(-1)  # logits [B, V]; next positions [B]
+            return prefill_distinct(self.model, [r.prompt_ids for r in reqs], self.pad_id, dev,
+                                    self.cfg.share_prefill, self.cfg.share_common_prefix)
 
     def _start(self, reqs: list[Request], is_fused: bool, steps: int):
-        """The prefill's (logits, next positions) and the decoder that continues from its cache; the int8 fused
-        decoder gets the prefill's GEMM input ranges (``fused.ActRanges``) for its smoothing."""
+        """The prefill's (logits [B, V], next positions [B]) and the decoder that continues from its cache: the
+        fused one keeps each prompt's keys once (``fused.Prompts``), the model's own forward gets them copied into
+        every request's row. The int8 fused decoder gets the prefill's GEMM input ranges (``fused.ActRanges``) for
+        its smoothing."""
         ranges = fused.ActRanges(self.model) if is_fused and self._dtype == torch.qint8 else contextlib.nullcontext()
         with ranges:
-            cache, logits, attn, next_pos = self._prefill(reqs, is_fused and self._dtype == torch.bfloat16)
+            cache, logits, attn, row = self._prefill(reqs, is_fused and self._dtype == torch.bfloat16)
+        logits, next_pos = logits[row], attn.sum(-1)[row]
         if not is_fused:
-            return logits, next_pos, _ModelDecoder(self.model, cache, attn, self._cache_kw)
+            cache.batch_select_indices(row)
+            return logits, next_pos, _ModelDecoder(self.model, cache, attn[row], self._cache_kw)
         return logits, next_pos, fused.FusedDecoder(self.model, cache, attn, steps, self._dtype,
-                                                    getattr(ranges, "amax", None))
+                                                    getattr(ranges, "amax", None), row)
 
     def _pick(self, logits: Tensor, params: SamplingParams, rng: torch.Generator) -> tuple[Tensor, Tensor]:
         """(sampled or greedy token [A], the temperature-scaled log-softmax [A, V] it was drawn from)."""
         temp = params.temperature
-        lp = torch.log_softmax(logits.float() / (temp if temp > 0 else 1.0), dim=-1)  # [A, V]
+        scaled = logits.float() / temp if temp > 0 and temp != 1.0 else logits.float()  # (x / 1 is x: no pass)
+        lp = torch.log_softmax(scaled, dim=-1)  # [A, V]
         if temp <= 0:
             return lp.argmax(-1), lp
         probs = lp.exp()

@@ -240,3 +240,36 @@ def test_bad_decode_value_is_a_one_line_error(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(str(recipe), [])
     assert "decode" in str(e.value) and "fused" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_shared_prompt_attention_is_attention_over_each_rows_whole_sequence(flash):
+    """``fused.Prompts.attend`` (each prompt's keys once, joined with each row's generated keys by their
+    log-sum-exps) against ``scaled_dot_product_attention`` over a buffer with every row's prompt copied in: rows in
+    no order and groups of unequal size (3, 2, 1 rows), left-padded prompts, 2 kv heads of 3 query heads each, and
+    again after dropping rows (the grid left with holes)."""
+    g = torch.Generator().manual_seed(0)
+    kv, per, d, w, n = 2, 3, 8, 7, 5
+    lens = torch.tensor([7, 3, 5])
+    mask = torch.arange(w)[None] >= (w - lens)[:, None]  # [U, W] left padding
+    keys, values = torch.randn(3, kv, w, d, generator=g) * 2, torch.randn(3, kv, w, d, generator=g)
+    row = torch.tensor([1, 0, 2, 0, 1, 0])
+    k, v, q = (torch.randn(6, kv, n, d, generator=g) * 2, torch.randn(6, kv, n, d, generator=g),
+               torch.randn(6, kv, per, d, generator=g))
+    prompts = fused.Prompts([keys], [values], mask, row)
+
+    def reference(rows):
+        full_k, full_v = torch.cat([keys[row[rows]], k[rows]], 2), torch.cat([values[row[rows]], v[rows]], 2)
+        m = torch.cat([mask[row[rows]], torch.ones(len(rows), n, dtype=torch.bool)], 1)[:, None, None]
+        o = torch.nn.functional.scaled_dot_product_attention(q[rows].reshape(len(rows), kv * per, 1, d), full_k,
+                                                             full_v, attn_mask=m, scale=0.3, enable_gqa=True)
+        return o.reshape(len(rows), kv, per, d)
+
+    assert_close(prompts.attend(0, q, k, v, 0.3, flash), reference(torch.arange(6)), rtol=1e-5, atol=1e-6)
+    keep = torch.tensor([0, 3, 5])  # prompt 0 keeps one of its three rows, prompt 2 none
+    prompts.keep(keep)
+    assert_close(prompts.attend(0, q[keep], k[keep], v[keep], 0.3, flash), reference(keep), rtol=1e-5, atol=1e-6)
+    if not flash:  # bfloat16 keys and values: the same function, rounded
+        low = fused.Prompts([keys.bfloat16()], [values.bfloat16()], mask, row)
+        out = low.attend(0, q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.3, False)
+        assert out.dtype == torch.bfloat16 and float((out.float() - reference(torch.arange(6))).abs().max()) < 0.1
