@@ -156,6 +156,15 @@ Running table (updated as runs finish; done / left):
   0.321, greedy 0.365, as recorded. STOPPED at the session's end (2026-12-07 11:47, SIGTERM: saved): seed 0 at step
   34, seed 1 at 32. Queue, in order: grpo 0, grpo 1, grpo 2, dre 0, garl 0, lampo 0, grpo_int8 0, grpo_informative 0,
   garl 1, garl 2, lampo 1, lampo 2, dre 1, dre 2, grpo_2ep 0, then the other arms x 3 seeds.
+  RESUMED 2026-12-07 12:05 (57bf489); training and the step-60 in-run eval DONE 13:13 / 13:15, reproducing the
+  recorded numbers to the digit through three SIGTERM stops and resumes: seed 0 mean@4 0.307 -> 0.321 -> 0.344,
+  greedy 0.400 -> 0.365 -> 0.405; seed 1 0.312 -> 0.328 -> 0.335, greedy 0.400 -> 0.395 -> 0.385. Their FINAL_K
+  evals (run and step 0) followed on the same code.
+- ENGINE 2026-12-07 (03219c6): the fused decode keeps each prompt's keys once per group (``fused.Prompts``, a
+  cascade attention; the same function up to float summation order, 1.11x faster decode, 1.2-2.5 GB less memory).
+  Runs started from then on use it; GRPO seeds 0 and 1 (training and every eval above) ran before it. A summation
+  order can flip a sampled token at a near-tie, so an arm's eval and its seed's step-0 / GRPO evals share their
+  uniforms but not, at rare tokens, their exact samples: the pairing stays, its variance reduction is not exact.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
