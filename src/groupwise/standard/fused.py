@@ -10,12 +10,13 @@ the same function with
     every adapted projection (o_proj and down_proj included), computed into new tensors, so the model's own
     parameters are never touched (no ``merge_adapter``: the trainer's forward stays the unmerged adapter, and
     the next call folds the adapter the optimizer has since updated);
-  * each distinct prompt's keys and values held once (the prefill's cache, one row per prompt: ``Prompts``), and
+  * each distinct prompt's keys and values held once (the prefill's cache, one row per prompt: ``KV``), and
     a preallocated buffer ``[layers, rows, kv_heads, new tokens, head_dim]`` of each request's generated ones,
     written in place, finished rows dropped by an index;
-  * a cascade attention (``Prompts.attend``): a prompt's queries (its requests', a group's G samples) attend to
+  * a cascade attention (``KV.attend``): a prompt's queries (its requests', a group's G samples) attend to
     its keys in one product (left padding masked), each row to its generated keys, the two joined by their
-    log-sum-exps; grouped-query attention without repeating K/V.
+    log-sum-exps; grouped-query attention without repeating K/V. A call whose rows share no prompt (a greedy
+    pass) copies each prompt in front of its row's generated keys instead, one buffer and one attention;
 
 Everything that carries a model's own numerics is the model's own module, called as is: the embedding, every
 RMSNorm (Qwen3's per-head q/k norms included), the rotary embedding (so scaled RoPE variants work), the final
@@ -38,7 +39,7 @@ pretraining split; and no sliding-window layer whose window is shorter than the 
 matmul units): the folded weights and a copy of the LM head's are cast to bfloat16 once per generate call (the
 model's parameters are untouched), every GEMM of the step (fused q/k/v, o_proj, fused gate/up, down_proj, the LM
 head) runs in bfloat16, the KV buffer is bfloat16 (the prefill's cache, which the ``hf`` generator computes under
-autocast, rounded to bfloat16), and the attention is bfloat16 GEMMs around a float32 softmax (``Prompts.attend``:
+autocast, rounded to bfloat16), and the attention is bfloat16 GEMMs around a float32 softmax (``KV.attend``:
 ``scaled_dot_product_attention``'s CPU kernel is slower in bfloat16 than in float32). The residual stream stays
 float32: the embedding, every RMSNorm (the model's own modules, on the float32 residual; Qwen3's q/k norms upcast
 as they do), the rotary embedding (applied in float32, then rounded) and the residual adds; a GEMM's input is
@@ -243,26 +244,18 @@ class FusedDecoder:
         self.head = head and ((_pack(*head, (ranges or {}).get("head")),) if self.int8 else _cast(*head, dtype))
         row = torch.arange(len(attn), device=attn.device) if row is None else row.to(attn.device)
         low = self.dtype or cache.layers[0].keys.dtype
-        self.prompt = Prompts([c.keys.to(low) for c in cache.layers], [c.values.to(low) for c in cache.layers],
-                              attn.bool(), row)
-        self.flash = self.dtype is None and attn.device.type == "cpu" and hasattr(torch.ops.aten, _FLASH)
-        # each request's generated keys and values: every position up to the step's is written for every live row
-        # (no mask, nothing to zero)
-        shape = (len(self.layers), len(row), self.kv_heads, new_tokens, self.head_dim)
-        self.k, self.v = torch.empty(shape, dtype=low, device=attn.device), torch.empty(shape, dtype=low,
-                                                                                        device=attn.device)
-        self.n = 0  # generated positions written
+        self.kv = KV([c.keys.to(low) for c in cache.layers], [c.values.to(low) for c in cache.layers], attn.bool(),
+                     row, new_tokens, exact=self.dtype is None)
 
     def keep(self, rows: Tensor) -> None:
         """Drop finished rows (``rows``: the indices to keep)."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
-        self.prompt.keep(rows)
+        self.kv.keep(rows)
 
     @no_grad
     def step(self, tok: Tensor, pos: Tensor) -> Tensor:
         """Logits [rows, V] after feeding ``tok`` [rows] at positions ``pos`` [rows] (float32 with ``dtype``)."""
         F = torch.nn.functional
-        b, n, d = tok.shape[0], self.n, self.head_dim
+        b, d = tok.shape[0], self.head_dim
         inner = self.model.model
         h = inner.embed_tokens(tok)  # [B, E]
         lo = self.dtype or h.dtype  # the GEMMs' precision (``.to(lo)`` is a no-op without ``dtype``)
@@ -279,16 +272,14 @@ class FusedDecoder:
                 q, k = a.q_norm(q), a.k_norm(k)
             q = (q * cos + _rotate_half(q) * sin).to(lo)  # (in cos's dtype, the residual's)
             k = k * cos + _rotate_half(k) * sin
-            self.k[i, :, :, n] = k[:, 0]
-            self.v[i, :, :, n] = v.view(b, self.kv_heads, d)
-            o = self.prompt.attend(i, q.view(b, self.kv_heads, self.heads // self.kv_heads, d),
-                                   self.k[i, :, :, :n + 1], self.v[i, :, :, :n + 1], self.scaling, self.flash)
+            self.kv.write(i, k[:, 0], v.view(b, self.kv_heads, d))
+            o = self.kv.attend(i, q.view(b, self.kv_heads, self.heads // self.kv_heads, d), self.scaling)
             h = h + self._linear(o.reshape(b, qn), w_o)  # what o_proj computes (nn.Linear: the same call)
             x = layer.post_attention_layernorm(h).to(lo)
             gu = self._mm(x, w_gu, b_gu)
             g, u = gu.split([inter, inter], dim=-1)
             h = h + self._linear(F.silu(g) * u, w_down)
-        self.n = n + 1
+        self.kv.n += 1
         if self.head is None:
             return self.model.lm_head(inner.norm(h))
         return self._linear(inner.norm(h).to(lo), self.head).float()
@@ -372,43 +363,77 @@ def _qlinear(x: Tensor, pack) -> Tensor:
 _FLASH = "_scaled_dot_product_flash_attention_for_cpu"  # torch's CPU flash attention, which returns the logsumexp
 
 
-class Prompts:
-    """Each distinct prompt's keys and values, held once for all the requests that share the prompt (a group's G
-    samples), and one decode step's attention over them and each request's own generated keys: a cascade. Each
-    prompt's queries (its requests' query heads, laid out on a ``[prompts, slots]`` grid) attend to its keys in one
-    product, the generated part row by row, and the two softmaxes are joined by their log-sum-exps, so every query
-    sees ``softmax`` over [its prompt's keys | its generated keys], the same function as one attention over a buffer
-    with the prompt copied into every row, up to float summation order. What it saves: that copy (and its zeroing,
-    and the copy at each compaction of finished rows) and reading the prompt's keys once per request; the prompts
-    are also no longer padded to the widest one for the generated keys' sake. On SmolLM2-135M's lab decode (64
-    rows = 8 prompts x 8 of 78-237 tokens, 128 new tokens, one thread) a generate call took 1.11x less CPU time and
-    1.2 GB less memory at its peak (docs/benchmarks.md, "Lever: shared-prompt attention")."""
+class KV:
+    """The keys and values of one generate call. Where rows share prompts (a group's G samples), each distinct
+    prompt's keys and values are held once (the prefill's cache, one row per prompt), each row's generated ones in a
+    buffer of their own, and a decode step's attention is a cascade: each prompt's queries (its rows' query heads, laid
+    out on a ``[prompts, slots]`` grid) attend to its keys in one product, each row to its generated keys, and the two
+    softmaxes are joined by their log-sum-exps, so every query sees ``softmax`` over [its prompt's keys | its
+    generated keys], the same function as one attention over a buffer with the prompt copied into every row, up to
+    float summation order. What it saves: that copy (its zeroing, and its copy at each compaction of finished rows),
+    reading a prompt's keys once per row, and padding the generated keys to the widest prompt. On SmolLM2-135M's lab
+    decode (64 rows = 8 prompts x 8 of 78-237 tokens, 128 new tokens, one thread) a generate call took 1.11x less CPU
+    time and 1.2 GB less memory at its peak (docs/benchmarks.md, "Lever: shared-prompt attention"). Where no two rows
+    share a prompt (a greedy pass, ``group_size: 1``, ``share_prefill: false``) the cascade has nothing to share and
+    costs more than one attention over a copied buffer, so such a call copies: one buffer ``[layers, rows, kv heads,
+    width + new tokens, D]``, the prompt in front of the generated keys, a key mask for the left padding.
 
-    def __init__(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, row: Tensor):
-        self.keys, self.values = keys, values  # per layer [U, kv heads, W, D]
-        self.u = mask.shape[0]
-        self.mask = mask[:, None, None, :]  # [U, 1, 1, W]: left padding (and a common prefix's layout) masked
-        self.bias = torch.zeros(self.mask.shape, device=mask.device).masked_fill_(~self.mask, float("-inf"))
-        # request b's queries sit in slot (row[b], j) of the grid, j its rank among the requests of its prompt
+    ``exact`` (float32): the attention in ``scaled_dot_product_attention`` (copied buffer) or with the prompts' part
+    in torch's CPU flash attention, which returns the log-sum-exp (cascade; elsewhere two GEMMs around a float32
+    softmax); else (bfloat16) GEMMs around a float32 softmax, ``scaled_dot_product_attention``'s CPU kernel in
+    bfloat16 having run 3.3x slower than float32 at the real model's decode shapes (12.3 against 3.8 ms a call)."""
+
+    def __init__(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, row: Tensor, new_tokens: int,
+                 exact: bool = True):
+        self.u, width = mask.shape
+        dev, (_, kv, _, d) = mask.device, keys[0].shape
         counts = torch.bincount(row, minlength=self.u)
+        self.slots, self.exact, self.n = int(counts.max()), exact, 0  # n: generated positions written
+        self.shared = self.slots > 1
+        shape = (len(keys), len(row), kv, new_tokens + (0 if self.shared else width), d)
+        k, v = torch.empty(shape, dtype=keys[0].dtype, device=dev), torch.empty(shape, dtype=keys[0].dtype, device=dev)
+        if not self.shared:  # the copied buffer: every written position is read, none needs zeroing
+            for i, (pk, pv) in enumerate(zip(keys, values)):
+                k[i, :, :, :width], v[i, :, :, :width] = pk[row], pv[row]
+            self.width, self.full_k, self.full_v = width, k, v
+            self.full_mask = torch.cat([mask[row], mask.new_ones(len(row), new_tokens)], dim=1)
+            self.k, self.v = k[:, :, :, width:], v[:, :, :, width:]
+            return
+        self.keys, self.values = keys, values  # per layer [U, kv heads, W, D]
+        self.k, self.v = k, v  # every generated position is written for every live row: no mask, no zeroing
+        self.mask = mask[:, None, None, :]  # [U, 1, 1, W]: left padding (and a common prefix's layout) masked
+        self.bias = torch.zeros(self.mask.shape, device=dev).masked_fill_(~self.mask, float("-inf"))
+        self.flash = exact and dev.type == "cpu" and hasattr(torch.ops.aten, _FLASH)
+        # row b's queries sit in slot (row[b], j) of the grid, j its rank among the rows of its prompt
         order = torch.argsort(row, stable=True)
         rank = torch.empty_like(row)
-        rank[order] = torch.arange(len(row), device=row.device) - (counts.cumsum(0) - counts)[row[order]]
-        self.slots = int(counts.max())
+        rank[order] = torch.arange(len(row), device=dev) - (counts.cumsum(0) - counts)[row[order]]
         self.grid = row * self.slots + rank
 
     def keep(self, rows: Tensor) -> None:
-        self.grid = self.grid[rows]
+        """Drop finished rows (``rows``: the indices to keep)."""
+        if self.shared:
+            self.k, self.v, self.grid = self.k[:, rows], self.v[:, rows], self.grid[rows]
+            return
+        self.full_k, self.full_v, self.full_mask = self.full_k[:, rows], self.full_v[:, rows], self.full_mask[rows]
+        self.k, self.v = self.full_k[:, :, :, self.width:], self.full_v[:, :, :, self.width:]
 
-    def attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, scale: float, flash: bool) -> Tensor:
-        """Layer ``i``'s attention output [B, kv heads, heads per kv head, D] for queries ``q`` [B, kv heads,
-        heads per kv head, D] (query head j reads kv head j // heads per kv head, as ``enable_gqa``), ``k`` / ``v``
-        [B, kv heads, n, D] the generated keys and values so far (this step's included). ``flash``: the prompt part in
-        torch's CPU flash attention (float32); else two GEMMs around a float32 softmax (bfloat16: ``scaled_dot_product
-        _attention``'s CPU kernel in bfloat16 ran 3.3x slower than float32 at these shapes)."""
+    def write(self, i: int, k: Tensor, v: Tensor) -> None:
+        """Layer ``i``'s key and value [B, kv heads, D] at this step's generated position."""
+        self.k[i, :, :, self.n], self.v[i, :, :, self.n] = k, v
+
+    def attend(self, i: int, q: Tensor, scale: float) -> Tensor:
+        """Layer ``i``'s attention output [B, kv heads, heads per kv head, D] for queries ``q`` of the same shape
+        (query head j reads kv head j // heads per kv head, as ``enable_gqa``), over each row's prompt and its
+        generated keys so far, this step's included."""
+        n = self.n + 1
+        if not self.shared:
+            keys, m = self.width + n, self.full_mask[:, None, None, :self.width + n]
+            return _attend(q, self.full_k[i, :, :, :keys], self.full_v[i, :, :, :keys], m, scale, self.exact)
+        k, v = self.k[i, :, :, :n], self.v[i, :, :, :n]
         s = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [B, kv, per, n]
         grid = self._grid(q)  # [U, kv, slots * per, D]
-        if flash:
+        if self.flash:
             o_p, lse_p = getattr(torch.ops.aten, _FLASH)(grid, self.keys[i], self.values[i], attn_mask=self.bias,
                                                          scale=scale)
         else:
@@ -418,7 +443,7 @@ class Prompts:
         lse_rows = self._rows(lse_p)  # [B, kv, per]
         lse = torch.logaddexp(lse_rows, torch.logsumexp(s, -1))  # over the prompt's keys and the generated ones
         out = torch.matmul(s.sub_(lse[..., None]).exp_().to(v.dtype), v)
-        if flash:
+        if self.flash:
             return out + self._rows(o_p) * (lse_rows - lse).exp_()[..., None]
         w_p = s_p.sub_(self._grid(lse)[..., None]).exp_().to(v.dtype)
         return out + self._rows(torch.matmul(w_p, self.values[i]))
@@ -435,6 +460,19 @@ class Prompts:
         per = width // self.slots
         r = x.view(self.u, kv, self.slots, per, *rest).transpose(1, 2).reshape(self.u * self.slots, kv, per, *rest)
         return r.index_select(0, self.grid)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, exact: bool) -> Tensor:
+    """One query per head and row against a copied buffer: ``q`` [B, kv heads, per, D], ``k``/``v`` [B, kv heads,
+    keys, D], ``mask`` [B, 1, 1, keys]; ``exact``: ``scaled_dot_product_attention``, else GEMMs in ``v``'s dtype whose
+    scores are scaled, masked and soft-maxed in float32, the weights rounded to ``v``'s dtype for the product."""
+    b, kv, per, d = q.shape
+    if exact:
+        o = torch.nn.functional.scaled_dot_product_attention(q.reshape(b, kv * per, 1, d), k, v, attn_mask=mask,
+                                                             scale=scale, enable_gqa=per > 1)
+        return o.view(b, kv, per, d)
+    s = (torch.matmul(q, k.transpose(-1, -2)).float() * scale).masked_fill_(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1).to(v.dtype), v)
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -69,20 +69,23 @@ def requests(tokenizer):
     return reqs + [Request(prompt(tokenizer, "8-1"), prefix=[nt, nt], max_tokens=4)]
 
 
-def both(model, tokenizer, params, seed=0):
+def both(model, tokenizer, params, seed=0, share_prefill=True):
     out = []
     for decode in ("model", "fused"):
-        gen = HFGenerator(HFConfig(decode=decode), model, tokenizer)
+        gen = HFGenerator(HFConfig(decode=decode, share_prefill=share_prefill), model, tokenizer)
         out.append(gen.generate(requests(tokenizer), params, torch.Generator().manual_seed(seed)))
     return out
 
 
 @pytest.mark.parametrize("build", ["tiny", "llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_fused_decode_equals_the_models_forward(build, temperature, tiny_model, tokenizer):
+@pytest.mark.parametrize("share_prefill", [True, False], ids=["prompts-shared", "prompts-copied"])
+def test_fused_decode_equals_the_models_forward(build, temperature, share_prefill, tiny_model, tokenizer):
+    """(``share_prefill: false``: every row its own prompt, so the fused decode copies it: ``fused.KV``'s other
+    path.)"""
     model = {"tiny": lambda: tiny_model, "llama": llama, "qwen2": qwen2, "qwen3": qwen3}[build]()
     assert fused.unsupported(model, 64) is None
-    a, b = both(model, tokenizer, SamplingParams(max_tokens=16, temperature=temperature))
+    a, b = both(model, tokenizer, SamplingParams(max_tokens=16, temperature=temperature), share_prefill=share_prefill)
     lengths = [len(x.completion_ids) for x in a]
     assert lengths == [len(y.completion_ids) for y in b] and max(lengths) > 6  # rows were compacted away mid-decode
     for x, y in zip(a, b):
@@ -242,21 +245,31 @@ def test_bad_decode_value_is_a_one_line_error(tmp_path):
     assert "decode" in str(e.value) and "fused" in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("flash", [True, False])
-def test_shared_prompt_attention_is_attention_over_each_rows_whole_sequence(flash):
-    """``fused.Prompts.attend`` (each prompt's keys once, joined with each row's generated keys by their
-    log-sum-exps) against ``scaled_dot_product_attention`` over a buffer with every row's prompt copied in: rows in
-    no order and groups of unequal size (3, 2, 1 rows), left-padded prompts, 2 kv heads of 3 query heads each, and
-    again after dropping rows (the grid left with holes)."""
+@pytest.mark.parametrize("exact", [True, False], ids=["flash-sdpa", "gemms"])
+@pytest.mark.parametrize("shared", [True, False], ids=["cascade", "copied"])
+def test_kv_attention_is_attention_over_each_rows_whole_sequence(exact, shared):
+    """``fused.KV.attend`` against ``scaled_dot_product_attention`` over a buffer with every row's prompt copied in
+    front of its generated keys. Shared prompts (the cascade: each prompt's keys once, joined with each row's
+    generated keys by their log-sum-exps): rows in no order, groups of 3, 2 and 1 rows; none shared (the copied
+    buffer); left-padded prompts, 2 kv heads of 3 query heads each, and again after dropping rows (the grid left with
+    holes); float32 at a tight tolerance on both paths (``exact``: torch's attention kernels; else GEMMs around a
+    float32 softmax, the bfloat16 decode's), and bfloat16 rounded."""
     g = torch.Generator().manual_seed(0)
     kv, per, d, w, n = 2, 3, 8, 7, 5
-    lens = torch.tensor([7, 3, 5])
+    row = torch.tensor([1, 0, 2, 0, 1, 0]) if shared else torch.tensor([1, 0, 2, 3, 5, 4])
+    lens = torch.tensor([7, 3, 5, 6, 2, 7])[:int(row.max()) + 1]
     mask = torch.arange(w)[None] >= (w - lens)[:, None]  # [U, W] left padding
-    keys, values = torch.randn(3, kv, w, d, generator=g) * 2, torch.randn(3, kv, w, d, generator=g)
-    row = torch.tensor([1, 0, 2, 0, 1, 0])
+    keys, values = torch.randn(len(lens), kv, w, d, generator=g) * 2, torch.randn(len(lens), kv, w, d, generator=g)
     k, v, q = (torch.randn(6, kv, n, d, generator=g) * 2, torch.randn(6, kv, n, d, generator=g),
                torch.randn(6, kv, per, d, generator=g))
-    prompts = fused.Prompts([keys], [values], mask, row)
+
+    def build(dtype):
+        cache = fused.KV([keys.to(dtype)], [values.to(dtype)], mask, row, n + 2, exact=exact)
+        for j in range(n):  # the generated keys, written as the decode writes them
+            cache.write(0, k[:, :, j].to(dtype), v[:, :, j].to(dtype))
+            cache.n += 1
+        cache.n -= 1  # attend reads n + 1 positions: this step's included
+        return cache
 
     def reference(rows):
         full_k, full_v = torch.cat([keys[row[rows]], k[rows]], 2), torch.cat([values[row[rows]], v[rows]], 2)
@@ -265,11 +278,12 @@ def test_shared_prompt_attention_is_attention_over_each_rows_whole_sequence(flas
                                                              full_v, attn_mask=m, scale=0.3, enable_gqa=True)
         return o.reshape(len(rows), kv, per, d)
 
-    assert_close(prompts.attend(0, q, k, v, 0.3, flash), reference(torch.arange(6)), rtol=1e-5, atol=1e-6)
-    keep = torch.tensor([0, 3, 5])  # prompt 0 keeps one of its three rows, prompt 2 none
-    prompts.keep(keep)
-    assert_close(prompts.attend(0, q[keep], k[keep], v[keep], 0.3, flash), reference(keep), rtol=1e-5, atol=1e-6)
-    if not flash:  # bfloat16 keys and values: the same function, rounded
-        low = fused.Prompts([keys.bfloat16()], [values.bfloat16()], mask, row)
-        out = low.attend(0, q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.3, False)
+    cache = build(torch.float32)
+    assert cache.shared == shared
+    assert_close(cache.attend(0, q, 0.3), reference(torch.arange(6)), rtol=1e-5, atol=1e-6)
+    keep = torch.tensor([0, 3, 5])  # shared: prompt 0 keeps one of its three rows, prompt 2 none
+    cache.keep(keep)
+    assert_close(cache.attend(0, q[keep], 0.3), reference(keep), rtol=1e-5, atol=1e-6)
+    if not exact:  # bfloat16 keys and values (the bf16 decode): the same function, rounded
+        out = build(torch.bfloat16).attend(0, q.bfloat16(), 0.3)
         assert out.dtype == torch.bfloat16 and float((out.float() - reference(torch.arange(6))).abs().max()) < 0.1
