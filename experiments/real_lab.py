@@ -160,11 +160,12 @@ Running table (updated as runs finish; done / left):
   recorded numbers to the digit through three SIGTERM stops and resumes: seed 0 mean@4 0.307 -> 0.321 -> 0.344,
   greedy 0.400 -> 0.365 -> 0.405; seed 1 0.312 -> 0.328 -> 0.335, greedy 0.400 -> 0.395 -> 0.385. Their FINAL_K
   evals (run and step 0) followed on the same code.
-- ENGINE 2026-12-07 (03219c6): the fused decode keeps each prompt's keys once per group (``fused.Prompts``, a
-  cascade attention; the same function up to float summation order, 1.11x faster decode, 1.2-2.5 GB less memory).
-  Runs started from then on use it; GRPO seeds 0 and 1 (training and every eval above) ran before it. A summation
-  order can flip a sampled token at a near-tie, so an arm's eval and its seed's step-0 / GRPO evals share their
-  uniforms but not, at rare tokens, their exact samples: the pairing stays, its variance reduction is not exact.
+- ENGINE 2026-12-07 (03219c6, then the next commits): the fused decode keeps each prompt's keys once per group
+  (``fused.KV``, a cascade attention; the same function up to float summation order, 1.11x faster decode, 1.2-2.5
+  GB less memory; calls with no shared prompt, the greedy passes, keep the old copied buffer). Runs started from
+  then on use it; GRPO seeds 0 and 1 (training and every eval above) ran before it. A summation order can flip a
+  sampled token at a near-tie, so an arm's eval and its seed's step-0 / GRPO evals share their uniforms but not, at
+  rare tokens, their exact samples: the pairing stays, its variance reduction is not exact.
 - ARCHIVED 2026-12-07 13:50: GRPO seeds 0 and 1, training and in-run evals (``experiments/results/real_lab``); their
   FINAL_K evals were at chunk 3 of 5 (then each seed's step-0 policy, 5 chunks) when the session ended. What is
   left, in the lanes' order (each method's three seeds together, so verdicts land one method at a time):

@@ -146,7 +146,7 @@ class HFGenerator:
 
     def _start(self, reqs: list[Request], is_fused: bool, steps: int):
         """The prefill's (logits [B, V], next positions [B]) and the decoder that continues from its cache: the
-        fused one keeps each prompt's keys once (``fused.Prompts``), the model's own forward gets them copied into
+        fused one keeps each prompt's keys once (``fused.KV``), the model's own forward gets them copied into
         every request's row. The int8 fused decoder gets the prefill's GEMM input ranges (``fused.ActRanges``) for
         its smoothing."""
         ranges = fused.ActRanges(self.model) if is_fused and self._dtype == torch.qint8 else contextlib.nullcontext()
