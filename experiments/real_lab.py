@@ -159,7 +159,10 @@ Running table (updated as runs finish; done / left):
   RESUMED 2026-12-07 12:05 (57bf489); training and the step-60 in-run eval DONE 13:13 / 13:15, reproducing the
   recorded numbers to the digit through three SIGTERM stops and resumes: seed 0 mean@4 0.307 -> 0.321 -> 0.344,
   greedy 0.400 -> 0.365 -> 0.405; seed 1 0.312 -> 0.328 -> 0.335, greedy 0.400 -> 0.395 -> 0.385. Their FINAL_K
-  evals (run and step 0) followed on the same code.
+  evals (run and step 0) followed on the same code. The runs' FINAL_K evals DONE 14:30: seed 0 pass@1 0.348,
+  pass@16 0.610, greedy 0.405, as recorded; seed 1 pass@1 0.343, pass@16 0.605, greedy 0.385, against the recorded
+  0.346 / 0.620 / 0.385 (no verifier errors in either; its in-run evals matched to the digit, so its weights are at
+  most slightly off the lost run's, or that run's eval ran on other code; not found). The new records stand.
 - ENGINE 2026-12-07 (03219c6, then the next commits): the fused decode keeps each prompt's keys once per group
   (``fused.KV``, a cascade attention; the same function up to float summation order, 1.11x faster decode, 1.2-2.5
   GB less memory; calls with no shared prompt, the greedy passes, keep the old copied buffer). Runs started from
