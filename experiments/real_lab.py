@@ -169,9 +169,10 @@ Running table (updated as runs finish; done / left):
   then on use it; GRPO seeds 0 and 1 (training and every eval above) ran before it. A summation order can flip a
   sampled token at a near-tie, so an arm's eval and its seed's step-0 / GRPO evals share their uniforms but not, at
   rare tokens, their exact samples: the pairing stays, its variance reduction is not exact.
-- ARCHIVED 2026-12-07 13:50: GRPO seeds 0 and 1, training and in-run evals (``experiments/results/real_lab``); their
-  FINAL_K evals were at chunk 3 of 5 (then each seed's step-0 policy, 5 chunks) when the session ended. What is
-  left, in the lanes' order (each method's three seeds together, so verdicts land one method at a time):
+- ARCHIVED 2026-12-07: GRPO seeds 0 and 1, training, in-run evals and the runs' FINAL_K evals
+  (``experiments/results/real_lab``); their step-0 policies' FINAL_K evals were in flight at the session's end
+  (chunks of 40 problems in ``experiments/out/real_lab/final``; they resume). What is left, in the lanes' order
+  (each method's three seeds together, so verdicts land one method at a time):
   ``experiments/results/real_lab/lanes-queue.txt`` (copy it to the lanes' queue file to resume; drop the lines
   already done).
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
