@@ -33,6 +33,9 @@ first ``--prompts`` training problems as the recipe prompts them, ``--max-tokens
     PYTHONPATH=src python benchmarks/decode_paths.py --sampler-cost 49152       # the sampler alone, 64 rows
     PYTHONPATH=src python benchmarks/decode_paths.py --gemm-cost                # the decode's GEMMs alone, 64 rows
 
+``--profile`` then runs one generate call of each path under torch's profiler and prints the ops with the most self
+CPU time, each as a share of the call's.
+
 ``--gemm-cost`` times only the GEMMs of SmolLM2-135M's fused decode step, one shape at a time on ``--prompts`` x
 ``--group`` rows: float32, the ``int8`` path's, fp16 weights and weight-only int8, with each one's relative error.
 ``--sampler-cost VOCAB`` times only the draw of one decode step (``torch.multinomial`` against the ``race`` sampler,
@@ -63,6 +66,8 @@ def main() -> None:
                    help="comma-separated: model, fused, bf16, int8, multinomial (default model,fused)")
     p.add_argument("--mismatch", action="store_true", help="sampler vs float32 trainer log-probs, per non-model path")
     p.add_argument("--prefill", action="store_true", help="time the prefill alone: float32 vs autocast bf16")
+    p.add_argument("--profile", action="store_true", help="then one generate call per path under torch's profiler: "
+                   "the ops with the most self CPU time")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--gemm-cost", action="store_true", help="only time SmolLM2's decode GEMM shapes: fp32, int8, "
@@ -174,6 +179,9 @@ def main() -> None:
               f"(per repeat: {', '.join(f'{x / y:.2f}' for x, y in zip(times[first], times[other]))})")
     if a.prefill:
         prefill_times(model, reqs, tok, a.repeats)
+    if a.profile:
+        for name, g in gens.items():
+            profile(g, reqs, params, name)
     if a.mismatch:
         for name in (n for n in gens if n != "model"):
             mismatch(model, tok, HFGenerator(kinds[name], model, tok), reqs, a.max_tokens, name)
@@ -244,6 +252,20 @@ def gemm_cost(rows: int, repeats: int, threads: int) -> None:
         ms = alternating_ms(calls, repeats, 10)
         print(f"{name:<8} {k}->{n}: " + ", ".join(f"{c} {v:.2f}" + (f" ({err[c]:.1e})" if c != "fp32" else "")
                                                   for c, v in ms.items()))
+
+
+def profile(gen, reqs, params, name: str, top: int = 12) -> None:
+    """One generate call under ``torch.profiler`` (CPU): the ``top`` ops by self CPU time, each's share of the
+    call's total (the profiler's own overhead included)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+        gen.generate(reqs, params, torch.Generator().manual_seed(0))
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops)
+    print(f"profile {name} ({gen.decode_path}): " + ", ".join(
+        f"{e.key} {100 * e.self_cpu_time_total / total:.1f}%" for e in ops[:top]))
 
 
 def prefill_times(model, reqs, tok, repeats: int) -> None:

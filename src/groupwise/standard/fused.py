@@ -375,8 +375,9 @@ class KV:
     decode (64 rows = 8 prompts x 8 of 78-237 tokens, 128 new tokens, one thread) a generate call took 1.11x less CPU
     time and 1.2 GB less memory at its peak (docs/benchmarks.md, "Lever: shared-prompt attention"). Where no two rows
     share a prompt (a greedy pass, ``group_size: 1``, ``share_prefill: false``) the cascade has nothing to share and
-    costs more than one attention over a copied buffer, so such a call copies: one buffer ``[layers, rows, kv heads,
-    width + new tokens, D]``, the prompt in front of the generated keys, a key mask for the left padding.
+    still pays its joins, so such a call copies, as the decode did before: one buffer ``[layers, rows, kv heads,
+    width + new tokens, D]``, the prompt in front of the generated keys, a key mask for the left padding (end to end
+    the two layouts were within noise there: docs/benchmarks.md).
 
     ``exact`` (float32): the attention in ``scaled_dot_product_attention`` (copied buffer) or with the prompts' part
     in torch's CPU flash attention, which returns the log-sum-exp (cascade; elsewhere two GEMMs around a float32
