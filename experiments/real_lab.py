@@ -175,6 +175,15 @@ Running table (updated as runs finish; done / left):
   (each method's three seeds together, so verdicts land one method at a time):
   ``experiments/results/real_lab/lanes-queue.txt`` (copy it to the lanes' queue file to resume; drop the lines
   already done).
+- DONE 2026-12-07 15:35 / 15:44: the step-0 policies' FINAL_K evals of seeds 0 and 1 (archived; ``--report-only
+  --arms grpo --seeds 0 1``): pass@1 0.315 / 0.321, pass@16 0.645 / 0.675, greedy 0.400 / 0.400 (recorded before
+  the loss: 0.315 / 0.319, 0.645 / 0.675, 0.400 / 0.400). GRPO against them, paired over problems: +0.033 ± 0.009
+  (seed 0, as recorded) and +0.022 ± 0.011 (seed 1; recorded +0.027 ± 0.011); pass@16 0.610 / 0.605 against 0.645 /
+  0.675. Their chunks ran on two decodes: seed 0's first two chunks of five and seed 1's first on 57bf489's (a
+  prompt's keys copied per row), the rest on b613785's shared-prompt attention (ENGINE below: the same function up
+  to summation order; seed 1's 0.321 against 0.319 is the size such a change makes). The GRPO runs' own evals ran
+  on the old one.
+- RUNNING from 2026-12-07 15:35 / 15:44 (b613785): GRPO seed 2 and DRE seed 0, then the queue's order.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
