@@ -14,6 +14,8 @@ or the library's own generator and update, each measurement in a fresh process (
         --recipe recipes/smollm2_lab.yaml
     # the update under optim.autocast none vs bf16: CPU seconds, log-prob and gradient gaps
     PYTHONPATH=src python benchmarks/real_model.py autocast --threads 1 --repeats 3
+    # this checkout's update against another checkout's (git worktree add --detach /tmp/before <commit>)
+    PYTHONPATH=src python benchmarks/real_model.py update --against /tmp/before --recipe recipes/smollm2_lab.yaml
 
 ``steps``: ``groupwise train recipes/smollm2_math.yaml`` for ``--steps`` steps per arm (evals off, no
 checkpoints): ``lora`` is the recipe as committed (LoRA r 16 on every linear layer, lr 6e-4), ``full`` trains
@@ -41,6 +43,15 @@ max |log p_bf16 − log p_fp32| per token (``Learner.logprobs``), each mode's me
 the generator's fp32 log-probs (what ``mismatch/*`` logs), and the relative error ‖g_bf16 − g_fp32‖ / ‖g_fp32‖ of
 the flattened gradient (``optim.grad_clip=0``), next to the fp32 gradient's own reordering noise (the same update
 with ``optim.shared_prefix`` off).
+
+``update``: the same code measured against another checkout of it (``--against``: its ``src`` is imported instead
+of this one's), for an exact lever in the update. Each process samples ``--groups`` x the recipe's group size
+completions (the recipe's generator, cap and real EOS; the same completions on both sides where the generator is
+unchanged, checked) behind the recipe's test prompts, advantages ±1, and runs ``Learner.step`` on them ``--repeats``
+times from the same weights after an untimed first step, timed in process CPU seconds; the processes alternate
+(this, against, against, this, ...) for ``--rounds`` pairs. Reported: each side's median [min-max] and the ratio,
+each side's peak RSS (and what sampling alone had reached: above it, the peak is the update's), and how far apart
+the two sides' first-step gradients and initial log-probs are (0 where the lever is bitwise).
 """
 
 from __future__ import annotations
@@ -254,6 +265,105 @@ def child_autocast(arm: str, threads: int, groups: int = 8, tokens: int = 40, re
             "grad_rel_err_fp32_reorder": float((g32b - g32).norm() / g32.norm())}
 
 
+def child_update_ab(recipe: str, threads: int, groups: int, repeats: int, save: str) -> dict:
+    """``update``'s measurement in one process (see the module docstring); gradient and log-probs to ``save``."""
+    import dataclasses
+
+    import torch
+
+    from groupwise.config import load
+    from groupwise.loop.setup import build
+    from groupwise.rollout.base import Request, SamplingParams
+    from groupwise.types import Group, Sample, TokenBatch
+
+    torch.set_num_threads(threads)
+    p = build(load(recipe, ["trainer.sinks=[]", f"out_dir={tempfile.mkdtemp()}"]), io=False)
+    k = p.cfg.rollout.group_size
+    problems = p.task.test[:groups]
+    reqs = [Request(p.encode(prob)) for prob in problems for _ in range(k)]
+    out = p.generator.generate(reqs, SamplingParams(p.cfg.rollout.max_completion_tokens, 1.0),
+                               torch.Generator().manual_seed(0))
+    samples = [Sample(prompt_ids=r.prompt_ids, completion_ids=c.completion_ids,
+                      rollout_logprobs=c.rollout_logprobs.float(), finish_reason="stop", scored=True,
+                      loss_mask=torch.ones(c.completion_ids.numel(), dtype=torch.bool)) for r, c in zip(reqs, out)]
+    adv = torch.tensor([[1.0 if j % 2 else -1.0 for j in range(k)] for _ in problems])
+    trained = [q for q in p.policy.parameters() if q.requires_grad]
+    start = [q.detach().clone() for q in trained]
+    sampled_mb = _peak_mb()
+
+    def batch() -> TokenBatch:
+        fresh = [dataclasses.replace(s, old_logprobs=None) for s in samples]
+        return TokenBatch.build([Group(problem=prob, samples=fresh[k * i:k * i + k])
+                                 for i, prob in enumerate(problems)], adv, [])
+
+    def restart() -> None:
+        with torch.no_grad():
+            for q, s0 in zip(trained, start):
+                q.copy_(s0)
+
+    logprobs = torch.cat([x.reshape(-1) for x in p.learner.logprobs(p.policy, samples)])
+    got: list[torch.Tensor] = []
+    real = p.learner.optimizer.step
+    p.learner.optimizer.step = lambda *a, **kw: (got.append(torch.cat([q.grad.reshape(-1) for q in trained])),
+                                                 real(*a, **kw))[1]
+    p.learner.step(batch())  # untimed: first-call allocations and kernel setup; its gradient is the one compared
+    p.learner.optimizer.step = real
+    torch.save({"grad": got[0], "logprobs": logprobs}, save)
+    seconds = []
+    for _ in range(repeats):
+        restart()
+        b = batch()
+        t = time.process_time()
+        p.learner.step(b)
+        seconds.append(time.process_time() - t)
+    ids = torch.cat([c.completion_ids for c in out])
+    return {"seconds": seconds, "rows": len(samples), "tokens": int(ids.numel()), "sampled_mb": sampled_mb,
+            "peak_mb": _peak_mb(),
+            "samples_hash": int((ids * torch.arange(1, ids.numel() + 1)).sum())}
+
+
+def update_main(a) -> dict:
+    against = Path(a.against).resolve()
+    sides = {"this": ROOT, "against": against}
+    runs: dict[str, list[dict]] = {"this": [], "against": []}
+    saved: dict[str, str] = {}
+    order = [s for r in range(a.rounds) for s in (("this", "against") if r % 2 == 0 else ("against", "this"))]
+    for side in order:
+        print(f"update: {side} ({sides[side]}) ...", file=sys.stderr, flush=True)
+        saved.setdefault(side, str(Path(tempfile.mkdtemp()) / "first_step.pt"))
+        code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import real_model as m; "
+                f"print(json.dumps(m.child_update_ab({a.recipe!r}, {a.threads}, {a.groups}, {a.repeats}, "
+                f"{saved[side]!r})))")
+        env = dict(_env(a.threads), PYTHONPATH=str(sides[side] / "src"))
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"update {side} failed:\n{proc.stderr[-3000:]}")
+        runs[side].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    import torch
+
+    first = {side: torch.load(path) for side, path in saved.items()}
+    g, g0 = first["this"]["grad"], first["against"]["grad"]
+    same = len({r["samples_hash"] for rs in runs.values() for r in rs}) == 1
+    secs = {side: [x for r in rs for x in r["seconds"]] for side, rs in runs.items()}
+    fmt = lambda xs: f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"  # noqa: E731
+    r0 = runs["this"][0]
+    lines = [f"{a.recipe}, Learner.step on {r0['rows']} sampled rows ({a.groups} groups, {r0['tokens']} completion "
+             f"tokens), {a.threads} thread(s), process CPU s, {a.rounds} alternating processes x {a.repeats} steps "
+             "per side (median [min-max])",
+             f"  this    ({ROOT}): {fmt(secs['this'])}",
+             f"  against ({against}): {fmt(secs['against'])}",
+             f"  against / this: {statistics.median(secs['against']) / statistics.median(secs['this']):.3f}x",
+             *[f"  peak RSS {side}: {max(r['peak_mb'] for r in runs[side]):.0f} MB (after sampling: "
+               f"{max(r['sampled_mb'] for r in runs[side]):.0f} MB)" for side in sides],
+             f"  same completions on both sides: {same}",
+             f"  first-step gradient |g - g_against| / |g_against|: {float((g - g0).norm() / g0.norm()):.2e} "
+             f"(bitwise equal: {bool(torch.equal(g, g0))})",
+             f"  initial log-probs max |diff|: "
+             f"{float((first['this']['logprobs'] - first['against']['logprobs']).abs().max()):.2e}"]
+    print("\n".join(lines))
+    return {"runs": runs, "table": lines, "same_samples": same}
+
+
 def autocast_main(a) -> dict:
     runs = []
     for arm in ARMS:
@@ -359,11 +469,18 @@ def main(argv: list[str] | None = None) -> dict:
     c.add_argument("--groups", type=int, default=8)
     c.add_argument("--tokens", type=int, default=40)
     c.add_argument("--repeats", type=int, default=3)
-    for q in (s, m, c):
+    u = sub.add_parser("update")
+    u.add_argument("--against", required=True, help="another checkout of groupwise (its src is imported)")
+    u.add_argument("--recipe", default=RECIPE)
+    u.add_argument("--groups", type=int, default=4)
+    u.add_argument("--repeats", type=int, default=2)
+    u.add_argument("--rounds", type=int, default=2)
+    for q in (s, m, c, u):
         q.add_argument("--threads", type=int, default=2)
         q.add_argument("--json", help="write the measurements here")
     a = p.parse_args(argv)
-    result = {"steps": steps_main, "memory": memory_main, "autocast": autocast_main}[a.cmd](a)
+    result = {"steps": steps_main, "memory": memory_main, "autocast": autocast_main,
+              "update": update_main}[a.cmd](a)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     return result
