@@ -220,14 +220,17 @@ def _from_logits(parts: list[Tensor], packed: Packed, temperature: float, with_e
 def token_logprobs(logits: Tensor, ids: Tensor, lengths: Tensor, temperature: float = 1.0) -> Tensor:
     """log softmax(logits / temperature)[ids] [B, T] in fp32, at each row's first ``lengths`` positions (0 beyond,
     and no gradient there). The same numbers as ``(x / t).gather(ids) - (x / t).logsumexp(-1)`` through autograd,
-    gradient included (``tests/unit/models/test_token_logprobs.py``: bitwise in fp32), at a third of its cost on a
-    CPU: it runs a few positions at a time (their [c, V] temporaries stay in cache), skips the padding, and its
-    backward writes the gradient in one pass instead of materialising a zero tensor, a scatter and two [B, T, V]
-    products. ``lengths`` [B]."""
+    gradient included (``tests/unit/models/test_token_logprobs.py``: bitwise in fp32), in less time and memory
+    (docs/benchmarks.md, "Lever: the sampled tokens' log-probs"): it runs a few positions at a time (their [c, V]
+    temporaries stay in cache), skips the padding, and its backward writes the gradient in one pass instead of
+    materialising a zero tensor, a scatter and two [B, T, V] products. ``lengths`` [B]."""
     return _TokenLogprobs.apply(logits, ids, lengths, float(temperature))
 
 
-_CHUNK = 32  # positions a step: [32, 49152] fp32 is 6 MB
+def _chunk(logits: Tensor) -> int:
+    """Positions a step: on a CPU 32 ([32, 49152] fp32 is 6 MB, cache-sized temporaries); on an accelerator a whole
+    row (one kernel each, not thousands of small ones)."""
+    return 32 if logits.device.type == "cpu" else max(logits.shape[1], 1)
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -236,9 +239,10 @@ class _TokenLogprobs(torch.autograd.Function):
         b, t, _ = logits.shape
         out = torch.zeros(b, t, device=logits.device)
         lse = torch.zeros(b, t, device=logits.device)
+        c = _chunk(logits)
         for i, n in enumerate(lengths.tolist()):
-            for s in range(0, n, _CHUNK):
-                e = min(s + _CHUNK, n)
+            for s in range(0, n, c):
+                e = min(s + c, n)
                 z = _scaled(logits[i, s:e], temperature)
                 lse[i, s:e] = torch.logsumexp(z, dim=-1)
                 out[i, s:e] = z.gather(-1, ids[i, s:e, None]).squeeze(-1) - lse[i, s:e]
@@ -251,10 +255,11 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, ids, lengths, lse = ctx.saved_tensors
         temperature = ctx.temperature
         dx = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        c = _chunk(logits)
         for i, n in enumerate(lengths.tolist()):
             dx[i, n:].zero_()
-            for s in range(0, n, _CHUNK):
-                e = min(s + _CHUNK, n)
+            for s in range(0, n, c):
+                e = min(s + c, n)
                 g = grad[i, s:e, None]
                 # d/dz (z[id] - logsumexp z) = onehot(id) - softmax(z), times the incoming gradient (autograd's order)
                 d = (_scaled(logits[i, s:e], temperature) - lse[i, s:e, None]).exp_().mul_(-g)

@@ -4,6 +4,7 @@ the plain autograd expression it replaces (``gather - logsumexp``, then the padd
 import pytest
 import torch
 
+from groupwise.models import forward
 from groupwise.models.forward import Packed, _from_logits, token_logprobs
 
 
@@ -32,7 +33,10 @@ def grads(fn, x, ids, lengths, w, temperature):
     return y.detach(), x.grad
 
 
-def test_equals_the_autograd_expression_bitwise_in_fp32():
+@pytest.mark.parametrize("chunk", [None, 1, 7, 200])  # None: this machine's; 200: a whole row (an accelerator's)
+def test_equals_the_autograd_expression_bitwise_in_fp32(chunk, monkeypatch):
+    if chunk is not None:
+        monkeypatch.setattr(forward, "_chunk", lambda logits: chunk)
     x, ids, lengths, w = case()
     y, dx = grads(token_logprobs, x, ids, lengths, w, 1.0)
     y0, dx0 = grads(reference, x, ids, lengths, w, 1.0)
