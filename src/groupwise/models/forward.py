@@ -8,6 +8,7 @@ Position ids count real tokens only, so padding never shifts a row's positions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -224,7 +225,7 @@ def token_logprobs(logits: Tensor, ids: Tensor, lengths: Tensor, temperature: fl
     (docs/benchmarks.md, "Lever: the sampled tokens' log-probs"): it runs a few positions at a time (their [c, V]
     temporaries stay in cache), skips the padding, and its backward writes the gradient in one pass instead of
     materialising a zero tensor, a scatter and two [B, T, V] products. ``lengths`` [B]."""
-    return _TokenLogprobs.apply(logits, ids, lengths, float(temperature))
+    return _token_logprobs_function().apply(logits, ids, lengths, float(temperature))
 
 
 def _chunk(logits: Tensor) -> int:
@@ -233,39 +234,47 @@ def _chunk(logits: Tensor) -> int:
     return 32 if logits.device.type == "cpu" else max(logits.shape[1], 1)
 
 
-class _TokenLogprobs(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits: Tensor, ids: Tensor, lengths: Tensor, temperature: float) -> Tensor:
-        b, t, _ = logits.shape
-        out = torch.zeros(b, t, device=logits.device)
-        lse = torch.zeros(b, t, device=logits.device)
-        c = _chunk(logits)
-        for i, n in enumerate(lengths.tolist()):
-            for s in range(0, n, c):
-                e = min(s + c, n)
-                z = _scaled(logits[i, s:e], temperature)
-                lse[i, s:e] = torch.logsumexp(z, dim=-1)
-                out[i, s:e] = z.gather(-1, ids[i, s:e, None]).squeeze(-1) - lse[i, s:e]
-        ctx.save_for_backward(logits, ids, lengths, lse)
-        ctx.temperature = temperature
-        return out
+def _forward(ctx, logits: Tensor, ids: Tensor, lengths: Tensor, temperature: float) -> Tensor:
+    """``token_logprobs``' forward: the log-sum-exps kept for the backward, nothing [B, T, V]."""
+    b, t, _ = logits.shape
+    out = torch.zeros(b, t, device=logits.device)
+    lse = torch.zeros(b, t, device=logits.device)
+    c = _chunk(logits)
+    for i, n in enumerate(lengths.tolist()):
+        for s in range(0, n, c):
+            e = min(s + c, n)
+            z = _scaled(logits[i, s:e], temperature)
+            lse[i, s:e] = torch.logsumexp(z, dim=-1)
+            out[i, s:e] = z.gather(-1, ids[i, s:e, None]).squeeze(-1) - lse[i, s:e]
+    ctx.save_for_backward(logits, ids, lengths, lse)
+    ctx.temperature = temperature
+    return out
 
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        logits, ids, lengths, lse = ctx.saved_tensors
-        temperature = ctx.temperature
-        dx = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        c = _chunk(logits)
-        for i, n in enumerate(lengths.tolist()):
-            dx[i, n:].zero_()
-            for s in range(0, n, c):
-                e = min(s + c, n)
-                g = grad[i, s:e, None]
-                # d/dz (z[id] - logsumexp z) = onehot(id) - softmax(z), times the incoming gradient (autograd's order)
-                d = (_scaled(logits[i, s:e], temperature) - lse[i, s:e, None]).exp_().mul_(-g)
-                d.scatter_add_(-1, ids[i, s:e, None], g)
-                dx[i, s:e] = d / temperature if temperature != 1.0 else d
-        return dx, None, None, None
+
+def _backward(ctx, grad: Tensor):
+    """``token_logprobs``' backward: the logits' gradient written once, 0 at the padding."""
+    logits, ids, lengths, lse = ctx.saved_tensors
+    temperature = ctx.temperature
+    dx = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    c = _chunk(logits)
+    for i, n in enumerate(lengths.tolist()):
+        dx[i, n:].zero_()
+        for s in range(0, n, c):
+            e = min(s + c, n)
+            g = grad[i, s:e, None]
+            # d/dz (z[id] - logsumexp z) = onehot(id) - softmax(z), times the incoming gradient (autograd's order)
+            d = (_scaled(logits[i, s:e], temperature) - lse[i, s:e, None]).exp_().mul_(-g)
+            d.scatter_add_(-1, ids[i, s:e, None], g)
+            dx[i, s:e] = d / temperature if temperature != 1.0 else d
+    return dx, None, None, None
+
+
+@functools.cache
+def _token_logprobs_function() -> type:
+    """``token_logprobs``' autograd Function, made on first use (a class statement here would import torch with the
+    module, and ``groupwise config`` imports none)."""
+    return type("TokenLogprobs", (torch.autograd.Function,),
+                {"forward": staticmethod(_forward), "backward": staticmethod(_backward)})
 
 
 def _scaled(x: Tensor, temperature: float) -> Tensor:
