@@ -197,35 +197,39 @@ def _from_logits(parts: list[Tensor], packed: Packed, temperature: float, with_e
     lengths = mask.sum(-1)
     if not bool((mask == (torch.arange(mask.shape[1], device=mask.device) < lengths.unsqueeze(1))).all()):
         lengths = torch.full_like(lengths, mask.shape[1])  # not a prefix of each row: every position, masked below
-    pieces, at = [], 0
+    lps, ents, at = [], [], 0
     for x in parts:
         t = x.shape[1]
-        pieces.append(token_logprobs(x, packed.completion_ids[:, at:at + t], (lengths - at).clamp(0, t), temperature))
+        lp, ent = token_logprobs(x, packed.completion_ids[:, at:at + t], (lengths - at).clamp(0, t), temperature,
+                                 with_entropy)
+        lps.append(lp)
+        ents.append(ent)
         at += t
-    fwd = Forward((torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]).masked_fill(~mask, 0.0))
-    if not (with_entropy or with_vocab):
-        return fwd
-    logits = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logz = torch.logsumexp(logits, dim=-1)  # [B, T]
+    join = lambda xs: torch.cat(xs, dim=1) if len(xs) > 1 else xs[0]  # noqa: E731
+    fwd = Forward(join(lps).masked_fill(~mask, 0.0))
     if with_entropy:
-        with torch.no_grad():
-            logp = logits - logz.unsqueeze(-1)
-            fwd.entropy = -(logp.exp() * logp).sum(-1).masked_fill(~mask, 0.0)
+        fwd.entropy = join(ents).masked_fill(~mask, 0.0)
     if with_vocab:
-        fwd.vocab_logprobs = (logits - logz.unsqueeze(-1)).masked_fill(~mask.unsqueeze(-1), 0.0)
+        logits = join(parts).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        fwd.vocab_logprobs = (logits - torch.logsumexp(logits, dim=-1, keepdim=True)).masked_fill(
+            ~mask.unsqueeze(-1), 0.0)
     return fwd
 
 
-def token_logprobs(logits: Tensor, ids: Tensor, lengths: Tensor, temperature: float = 1.0) -> Tensor:
+def token_logprobs(logits: Tensor, ids: Tensor, lengths: Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """log softmax(logits / temperature)[ids] [B, T] in fp32, at each row's first ``lengths`` positions (0 beyond,
-    and no gradient there). The same numbers as ``(x / t).gather(ids) - (x / t).logsumexp(-1)`` through autograd,
-    gradient included (``tests/unit/models/test_token_logprobs.py``: bitwise in fp32), in less time and memory
+    and no gradient there), and with ``with_entropy`` the distribution's entropy there [B, T] (no gradient; else
+    None). The same numbers as ``(x / t).gather(ids) - (x / t).logsumexp(-1)`` through autograd, gradient included,
+    and as ``-(logp.exp() * logp).sum(-1)`` of the whole log-softmax (``tests/unit/models/test_token_logprobs.py``:
+    bitwise in fp32), in less time and memory
     (docs/benchmarks.md, "Lever: the sampled tokens' log-probs"): it runs a few positions at a time (their [c, V]
     temporaries stay in cache), skips the padding, and its backward writes the gradient in one pass instead of
     materialising a zero tensor, a scatter and two [B, T, V] products. ``lengths`` [B]."""
-    return _token_logprobs_function().apply(logits, ids, lengths, float(temperature))
+    lp, ent = _token_logprobs_function().apply(logits, ids, lengths, float(temperature), with_entropy)
+    return lp, (ent if with_entropy else None)
 
 
 def _chunk(logits: Tensor) -> int:
@@ -234,11 +238,13 @@ def _chunk(logits: Tensor) -> int:
     return 32 if logits.device.type == "cpu" else max(logits.shape[1], 1)
 
 
-def _forward(ctx, logits: Tensor, ids: Tensor, lengths: Tensor, temperature: float) -> Tensor:
+def _forward(ctx, logits: Tensor, ids: Tensor, lengths: Tensor, temperature: float,
+             with_entropy: bool) -> tuple[Tensor, Tensor]:
     """``token_logprobs``' forward: the log-sum-exps kept for the backward, nothing [B, T, V]."""
     b, t, _ = logits.shape
     out = torch.zeros(b, t, device=logits.device)
     lse = torch.zeros(b, t, device=logits.device)
+    ent = torch.zeros(b if with_entropy else 0, t, device=logits.device)
     c = _chunk(logits)
     for i, n in enumerate(lengths.tolist()):
         for s in range(0, n, c):
@@ -246,12 +252,16 @@ def _forward(ctx, logits: Tensor, ids: Tensor, lengths: Tensor, temperature: flo
             z = _scaled(logits[i, s:e], temperature)
             lse[i, s:e] = torch.logsumexp(z, dim=-1)
             out[i, s:e] = z.gather(-1, ids[i, s:e, None]).squeeze(-1) - lse[i, s:e]
+            if with_entropy:
+                logp = z - lse[i, s:e, None]
+                ent[i, s:e] = -(logp.exp() * logp).sum(-1)
     ctx.save_for_backward(logits, ids, lengths, lse)
     ctx.temperature = temperature
-    return out
+    ctx.mark_non_differentiable(ent)
+    return out, ent
 
 
-def _backward(ctx, grad: Tensor):
+def _backward(ctx, grad: Tensor, _grad_entropy: Tensor):
     """``token_logprobs``' backward: the logits' gradient written once, 0 at the padding."""
     logits, ids, lengths, lse = ctx.saved_tensors
     temperature = ctx.temperature
@@ -266,7 +276,7 @@ def _backward(ctx, grad: Tensor):
             d = (_scaled(logits[i, s:e], temperature) - lse[i, s:e, None]).exp_().mul_(-g)
             d.scatter_add_(-1, ids[i, s:e, None], g)
             dx[i, s:e] = d / temperature if temperature != 1.0 else d
-    return dx, None, None, None
+    return dx, None, None, None, None
 
 
 @functools.cache
@@ -274,7 +284,8 @@ def _token_logprobs_function() -> type:
     """``token_logprobs``' autograd Function, made on first use (a class statement here would import torch with the
     module, and ``groupwise config`` imports none)."""
     return type("TokenLogprobs", (torch.autograd.Function,),
-                {"forward": staticmethod(_forward), "backward": staticmethod(_backward)})
+                {"forward": staticmethod(_forward),
+                 "backward": staticmethod(torch.autograd.function.once_differentiable(_backward))})
 
 
 def _scaled(x: Tensor, temperature: float) -> Tensor:

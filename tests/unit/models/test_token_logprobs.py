@@ -26,6 +26,10 @@ def case(b=3, t=70, v=101, dtype=torch.float32, seed=0):
     return x, ids, lengths, w
 
 
+def ours(x, ids, lengths, temperature=1.0):
+    return token_logprobs(x, ids, lengths, temperature)[0]
+
+
 def grads(fn, x, ids, lengths, w, temperature):
     x = x.detach().clone().requires_grad_()
     y = fn(x, ids, lengths, temperature)
@@ -38,7 +42,7 @@ def test_equals_the_autograd_expression_bitwise_in_fp32(chunk, monkeypatch):
     if chunk is not None:
         monkeypatch.setattr(forward, "_chunk", lambda logits: chunk)
     x, ids, lengths, w = case()
-    y, dx = grads(token_logprobs, x, ids, lengths, w, 1.0)
+    y, dx = grads(ours, x, ids, lengths, w, 1.0)
     y0, dx0 = grads(reference, x, ids, lengths, w, 1.0)
     assert torch.equal(y, y0) and torch.equal(dx, dx0)
     assert float(y.abs().sum()) > 10 and float(dx.abs().sum()) > 1  # neither side is trivially zero
@@ -50,11 +54,31 @@ def test_equals_the_autograd_expression_bitwise_in_fp32(chunk, monkeypatch):
                                                    (torch.bfloat16, 1.3, 1e-6)])
 def test_temperature_and_bf16_logits(dtype, temperature, tol):
     x, ids, lengths, w = case(dtype=dtype, seed=1)
-    y, dx = grads(token_logprobs, x, ids, lengths, w, temperature)
+    y, dx = grads(ours, x, ids, lengths, w, temperature)
     y0, dx0 = grads(reference, x, ids, lengths, w, temperature)
     assert y.dtype == torch.float32 and dx.dtype == dtype
     torch.testing.assert_close(y, y0, atol=tol, rtol=tol)
     torch.testing.assert_close(dx.float(), dx0.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_entropy_is_the_whole_log_softmax_s(temperature):
+    x, ids, lengths, _ = case(seed=4)
+    lp, ent = token_logprobs(x, ids, lengths, temperature, with_entropy=True)
+    z = x / temperature if temperature != 1.0 else x
+    logp = z - torch.logsumexp(z, dim=-1).unsqueeze(-1)
+    want = -(logp.exp() * logp).sum(-1).masked_fill(~(torch.arange(x.shape[1]) < lengths.unsqueeze(1)), 0.0)
+    assert torch.equal(ent, want) and float(ent.sum()) > 1.0
+    assert torch.equal(lp, ours(x, ids, lengths, temperature))  # asking for it changes nothing else
+    assert token_logprobs(x, ids, lengths, temperature)[1] is None
+
+
+def test_no_second_derivative():
+    x, ids, lengths, _ = case(seed=5)
+    x = x.detach().clone().requires_grad_()
+    (g,) = torch.autograd.grad(ours(x, ids, lengths).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):  # once_differentiable: an error, not a silently wrong Hessian
+        g.sum().backward()
 
 
 def test_parts_join_along_the_completion():
