@@ -437,13 +437,11 @@ class Learner:
     def _forward(self, model: torch.nn.Module, packed: Packed, rows: list[Sample], **kw) -> Forward:
         """One teacher-forced pass; with ``optim.shared_prefix`` each distinct prompt runs once. A sharded
         model's calls are collectives, so every rank must make as many: there the prompts' common prefix (a
-        third call only when a micro-batch holds several distinct prompts) is not run apart, nor the completions
-        split by length (a call more where that saves padding)."""
+        third call only when a micro-batch holds several distinct prompts) is not run apart."""
         with autocast(model, self.settings.optim.autocast):
             if self.settings.optim.shared_prefix:
                 return shared_prefix_logprobs(model, packed, [s.prompt_ids for s in rows], self.settings.pad_id,
-                                              self.settings.temperature, common=not fsdp.is_sharded(model),
-                                              split=not fsdp.is_sharded(model), **kw)
+                                              self.settings.temperature, common=not fsdp.is_sharded(model), **kw)
             return completion_logprobs(model, packed, self.settings.temperature, **kw)
 
     @torch.no_grad()

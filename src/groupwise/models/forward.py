@@ -7,7 +7,6 @@ Position ids count real tokens only, so padding never shifts a row's positions.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import inspect
@@ -77,77 +76,22 @@ def completion_logprobs(model: torch.nn.Module, packed: Packed, temperature: flo
 
 def shared_prefix_logprobs(model: torch.nn.Module, packed: Packed, prompts: list[Tensor], pad_id: int,
                            temperature: float = 1.0, with_entropy: bool = False, with_vocab: bool = False,
-                           common: bool = True, split: bool = True) -> Forward:
+                           common: bool = True) -> Forward:
     """``completion_logprobs`` with each distinct prompt computed once: its forward (and, through the cache it
     leaves, its share of the backward) runs once for all the rows that share it, instead of once per row. The
     prompts are run left-padded with a cache, the cache is expanded to one row per completion (an index, so its
     gradient is the sum over the rows), and the completions run on top of it. Equal to the unshared pass up to
     float summation order (``tests/unit/update/test_shared_prefix.py``); ``packed`` gives the completion layout.
-    ``common``: as ``prefill``'s (the prompts' common prefix once more). ``split``: where it saves a tenth of the
-    completions' padded positions, the rows run in two calls at their own widths (``length_split``), each on its
-    rows of the prompts' cache (without ``with_vocab``). ``common`` and ``split`` False: always exactly two model
-    calls (a sharded model's calls are collectives)."""
+    ``common``: as ``prefill``'s (the prompts' common prefix once more; False: always exactly two model calls)."""
     dev = packed.input_ids.device
-    parts = length_split(packed.completion_mask.sum(-1).tolist()) if split and not with_vocab else None
-    if parts is None:
-        cache, first, attn = prefill(model, prompts, pad_id, dev, common=common)
-        return _completions(model, packed, cache, first, attn, temperature, with_entropy, with_vocab)
-    cache, first, attn, row = prefill_distinct(model, prompts, pad_id, dev, common=common)
-    b, t = packed.completion_ids.shape
-    logprobs = first.new_zeros(b, t, dtype=torch.float32)
-    entropy = torch.zeros_like(logprobs)
-    for rows in parts:
-        idx = torch.tensor(rows, device=dev)
-        width = max(int(packed.completion_mask[idx].sum(-1).max()), 1)
-        sub = Packed(packed.input_ids[idx], packed.attention_mask[idx], packed.position_ids[idx],
-                     packed.completion_ids[idx, :width], packed.completion_mask[idx, :width], packed.prompt_width)
-        fwd = _completions(model, sub, _cache_rows(cache, row[idx]), first[row[idx]], attn[row[idx]], temperature,
-                           with_entropy, False)
-        logprobs = logprobs.index_copy(0, idx, torch.nn.functional.pad(fwd.logprobs, (0, t - width)))
-        if with_entropy:
-            entropy = entropy.index_copy(0, idx, torch.nn.functional.pad(fwd.entropy, (0, t - width)))
-    return Forward(logprobs, entropy if with_entropy else None)
-
-
-def _completions(model: torch.nn.Module, packed: Packed, cache, first: Tensor, attn: Tensor, temperature: float,
-                 with_entropy: bool, with_vocab: bool) -> Forward:
-    """The completions of ``packed`` on ``cache`` (their prompts', one row each; ``first`` their last logits)."""
+    cache, first, attn = prefill(model, prompts, pad_id, dev, common=common)
     t = packed.completion_ids.shape[1]
-    comp_attn = packed.attention_mask[:, packed.prompt_width:packed.prompt_width + t]
-    pos = attn.sum(-1, keepdim=True) + torch.arange(t, device=attn.device)
+    comp_attn = packed.attention_mask[:, packed.prompt_width:]
+    pos = attn.sum(-1, keepdim=True) + torch.arange(t, device=dev)
     rest = model(input_ids=packed.completion_ids, attention_mask=torch.cat([attn, comp_attn], dim=1),
                  position_ids=pos, use_cache=True, logits_to_keep=t, **{cache_keyword(model): cache})
     # the prompt's last logits predict completion token 0; completion position j predicts token j+1
     return _from_logits([first.unsqueeze(1), rest.logits[:, :-1]], packed, temperature, with_entropy, with_vocab)
-
-
-SPLIT_SAVING = 0.1  # the share of the completions' padded positions a second call must save
-
-
-def length_split(lengths: list[int]) -> list[list[int]] | None:
-    """Rows in two calls when that pads least: the k longest at the longest width, the rest at theirs (the k that
-    minimises the positions computed), if it saves at least SPLIT_SAVING of the one call's; else None. Rows as
-    indices into ``lengths``, each call's in the order given."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    ls = [lengths[i] for i in order]
-    if len(ls) < 2 or ls[0] == 0:
-        return None
-    one = len(ls) * ls[0]
-    cost, k = min((k * ls[0] + (len(ls) - k) * ls[k], k) for k in range(1, len(ls)))
-    if cost > (1 - SPLIT_SAVING) * one:
-        return None
-    return [sorted(order[:k]), sorted(order[k:])]
-
-
-def _cache_rows(cache, rows: Tensor):
-    """A cache holding ``rows`` of ``cache`` (an index, so differentiable), ``cache`` left as it is: a shallow copy
-    whose lists (transformers 5's layers, 4's key and value lists) are copied before selecting in place."""
-    out = copy.copy(cache)
-    for name, value in vars(cache).items():
-        if isinstance(value, list):
-            setattr(out, name, [x if torch.is_tensor(x) else copy.copy(x) for x in value])
-    out.batch_select_indices(rows)
-    return out
 
 
 def dropout_in_training(model: torch.nn.Module) -> str | None:

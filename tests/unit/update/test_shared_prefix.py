@@ -45,46 +45,11 @@ def test_each_prompt_runs_once(tiny_model, tokenizer):
     seen = []
     hook = tiny_model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
     completion_logprobs(tiny_model, packed)
-    shared_prefix_logprobs(tiny_model, packed, [s.prompt_ids for s in rows], tokenizer.pad_token_id, split=False)
     shared_prefix_logprobs(tiny_model, packed, [s.prompt_ids for s in rows], tokenizer.pad_token_id)
     hook.remove()
     b, width = packed.input_ids.shape
     t = width - packed.prompt_width
-    # 12 rows × (P + T); 3 prompts × P, then 12 × T; 3 prompts × P, then the completions in two calls: lengths 8 7 6
-    # 5 5 4 | 3 3 2 2 1 1 (6 × 8 + 6 × 3 = 66 positions for 12 × 8 = 96), each call's last position predicts nothing
-    assert seen == [b * width, 3 * 31, b * t, 3 * 31, 6 * 8, 6 * 3]
-
-
-def test_length_split():
-    from groupwise.models.forward import length_split
-    assert length_split([3, 1, 6, 4, 5, 2, 7, 3, 1, 8, 2, 5]) == [[2, 3, 4, 6, 9, 11], [0, 1, 5, 7, 8, 10]]
-    assert length_split([8, 8, 8, 7]) is None  # 4 × 8 = 32 against at best 3 × 8 + 7 = 31: under a tenth saved
-    assert length_split([5]) is None and length_split([0, 0]) is None
-    assert length_split([10, 1]) == [[0], [1]]  # 11 positions for 20
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_the_split_pass_equals_the_unshared_one_gradient_included(tiny_model, tokenizer, temperature):
-    rows = grouped(tokenizer)
-    packed = pack([s.prompt_ids for s in rows], [s.completion_ids for s in rows], tokenizer.pad_token_id)
-    prompts = [s.prompt_ids for s in rows]
-    w = torch.randn(packed.completion_ids.shape, generator=torch.Generator().manual_seed(1))
-    got = []
-    for fn in (lambda: completion_logprobs(tiny_model, packed, temperature, with_entropy=True),
-               lambda: shared_prefix_logprobs(tiny_model, packed, prompts, tokenizer.pad_token_id, temperature,
-                                              with_entropy=True)):
-        tiny_model.zero_grad()
-        f = fn()
-        (f.logprobs * w).sum().backward()
-        got.append((f, {n: p.grad.clone() for n, p in tiny_model.named_parameters() if p.grad is not None}))
-    (a, ga), (b, gb) = got
-    assert_close(b.logprobs, a.logprobs, rtol=0, atol=1e-5)
-    assert_close(b.entropy, a.entropy, rtol=0, atol=1e-5)
-    assert (b.logprobs[~packed.completion_mask] == 0).all() and (b.entropy[~packed.completion_mask] == 0).all()
-    assert ga.keys() == gb.keys() and len(ga) > 3
-    for k in ga:  # float summation order apart: each tensor's relative error
-        assert float((gb[k] - ga[k]).norm()) <= 1e-5 * float(ga[k].norm()) + 1e-9, k
-    assert max(float(g.abs().max()) for g in ga.values()) > 1e-3, "a vanishing gradient would make this vacuous"
+    assert seen == [b * width, 3 * 31, b * t]  # 12 rows × (P + T), then 3 prompts × P, then 12 × T
 
 
 @pytest.mark.parametrize("kl", [False, True], ids=["ppo_clip", "with-kl-reference"])
@@ -247,9 +212,8 @@ def test_stored_sample_logprobs_use_the_update_s_pass(tiny_model, tokenizer, voc
         for k, s in enumerate(rows):
             assert got[k].shape == ref[k, :s.length].shape
             assert_close(got[k], ref[k, :s.length], rtol=0, atol=1e-5)
-        if shared and budget == 100000:  # one micro-batch: the 3 prompts once (widest 31), then 12 completions:
-            # whole-vocabulary log-probs in one call, the sampled tokens' in two by length (the split test above)
-            assert seen == [3 * 31, len(rows) * max(s.length for s in rows)] if vocab else [3 * 31, 6 * 8, 6 * 3]
+        if shared and budget == 100000:  # one micro-batch: the 3 prompts once (widest 31), then 12 completions
+            assert seen == [3 * 31, len(rows) * max(s.length for s in rows)]
         if budget == 60:
             assert len(seen) >= (6 if shared else 3), "several micro-batches, so the order is really remapped"
 
