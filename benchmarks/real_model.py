@@ -14,6 +14,8 @@ or the library's own generator and update, each measurement in a fresh process (
         --recipe recipes/smollm2_lab.yaml
     # the update under optim.autocast none vs bf16: CPU seconds, log-prob and gradient gaps
     PYTHONPATH=src python benchmarks/real_model.py autocast --threads 1 --repeats 3
+    # the padded completion positions a lab run's update computed, in one call per micro-batch and split by length
+    PYTHONPATH=src python benchmarks/real_model.py padding experiments/results/real_lab/grpo-s0
     # this checkout's update against another checkout's (git worktree add --detach /tmp/before <commit>)
     PYTHONPATH=src python benchmarks/real_model.py update --against /tmp/before --recipe recipes/smollm2_lab.yaml
 
@@ -43,6 +45,13 @@ max |log p_bf16 − log p_fp32| per token (``Learner.logprobs``), each mode's me
 the generator's fp32 log-probs (what ``mismatch/*`` logs), and the relative error ‖g_bf16 − g_fp32‖ / ‖g_fp32‖ of
 the flattened gradient (``optim.grad_clip=0``), next to the fp32 gradient's own reordering noise (the same update
 with ``optim.shared_prefix`` off).
+
+``padding``: for each run directory given (its ``resolved_config.yaml`` and ``rollouts.jsonl[.gz]``: every step's
+groups, ``trainer.record_groups`` at its default), the rows the update trained (non-zero advantage, not dropped),
+their prompts re-encoded from the run's own task and config, planned into micro-batches as the update plans them
+(``plan_micro_batches``); reported: the completion positions computed per real completion token with one call per
+micro-batch (what the update does), and the bound if each micro-batch's completions ran in the two calls by length
+that pad least (the k longest rows at the longest width, the rest at theirs).
 
 ``update``: the same code measured against another checkout of it (``--against``: its ``src`` is imported instead
 of this one's), for an exact lever in the update. Each process samples ``--groups`` x the recipe's group size
@@ -322,6 +331,50 @@ def child_update_ab(recipe: str, threads: int, groups: int, repeats: int, save: 
             "samples_hash": int((ids * torch.arange(1, ids.numel() + 1)).sum())}
 
 
+def padding_main(a) -> dict:
+    import gzip
+
+    import torch
+
+    from groupwise.config import load
+    from groupwise.loop.setup import build
+    from groupwise.types import Sample
+    from groupwise.update import plan_micro_batches
+
+    out, lines = {}, ["run: real completion tokens trained; positions computed per real token, one call per "
+                      "micro-batch -> two calls by length"]
+    for run in map(Path, a.runs):
+        cfg = load(str(run / "resolved_config.yaml"), ["trainer.sinks=[]", f"out_dir={tempfile.mkdtemp()}"])
+        p = build(cfg, io=False)
+        by_id = {prob.id: prob for prob in p.task.train}
+        gz = run / "rollouts.jsonl.gz"
+        with gzip.open(gz, "rt") if gz.exists() else (run / "rollouts.jsonl").open() as f:
+            records = f.read().splitlines()
+        real = one = two = 0
+        for line in records:
+            samples = []
+            for g in json.loads(line)["groups"]:
+                if g["kind"] != "trained":
+                    continue
+                ids = p.encode(by_id[g["problem"]["id"]])
+                for x in g["samples"]:
+                    if x.get("dropped") or x.get("filtered") or not x.get("advantage"):
+                        continue
+                    n = x["length"]
+                    samples.append(Sample(prompt_ids=ids, completion_ids=torch.zeros(n, dtype=torch.long),
+                                          rollout_logprobs=torch.zeros(n), loss_mask=torch.ones(n, dtype=torch.bool),
+                                          finish_reason=x["finish_reason"]))
+            for mb in plan_micro_batches(samples, cfg.optim.micro_batch_tokens, shared_prefix=True):
+                ls = [samples[i].length for i in mb]
+                real, one = real + sum(ls), one + len(ls) * max(ls)
+                top = sorted(ls, reverse=True)  # the best two calls: the k longest at the longest width, the rest
+                two += min([len(top) * top[0]] + [k * top[0] + (len(top) - k) * top[k] for k in range(1, len(top))])
+        out[str(run)] = {"real": real, "one_call": one / real, "split": two / real}
+        lines.append(f"{run}: {real} tokens; {one / real:.3f} -> {two / real:.3f}")
+    print("\n".join(lines))
+    return {"runs": out, "table": lines}
+
+
 def update_main(a) -> dict:
     against = Path(a.against).resolve()
     sides = {"this": ROOT, "against": against}
@@ -475,12 +528,15 @@ def main(argv: list[str] | None = None) -> dict:
     u.add_argument("--groups", type=int, default=4)
     u.add_argument("--repeats", type=int, default=2)
     u.add_argument("--rounds", type=int, default=2)
+    d = sub.add_parser("padding")
+    d.add_argument("runs", nargs="+", help="run directories (resolved_config.yaml, rollouts.jsonl[.gz])")
     for q in (s, m, c, u):
         q.add_argument("--threads", type=int, default=2)
         q.add_argument("--json", help="write the measurements here")
+    d.add_argument("--json", help="write the measurements here")
     a = p.parse_args(argv)
     result = {"steps": steps_main, "memory": memory_main, "autocast": autocast_main,
-              "update": update_main}[a.cmd](a)
+              "update": update_main, "padding": padding_main}[a.cmd](a)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     return result

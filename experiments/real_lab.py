@@ -184,6 +184,10 @@ Running table (updated as runs finish; done / left):
   to summation order; seed 1's 0.321 against 0.319 is the size such a change makes). The GRPO runs' own evals ran
   on the old one.
 - RUNNING from 2026-12-07 15:35 / 15:44 (b613785): GRPO seed 2 and DRE seed 0, then the queue's order.
+  KILLED 2026-12-07 16:49-16:53 by the OOM killer (two ~8 GB update benchmarks ran beside the two lanes: four ~8 GB
+  processes on 24 GB; the benchmarks' fault, not the runs'): GRPO seed 2 (back to its step-10 checkpoint), and GARL
+  and LamPO seed 0 in their first minutes; put back at the queue's head (grpo 2, garl 0, lampo 0). DRE seed 0 and
+  then ``grpo_int8`` seed 0 (from 16:53) kept running. Rule kept since: no benchmark above ~2 GB beside two lanes.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,

@@ -2,6 +2,8 @@
 each worker leads its own process group, ended with it (a close, a timeout kill, the run's exit), and its address
 space is capped at what it inherited plus ``reward.worker_memory_mb`` (issue 48, item 6)."""
 
+import errno
+import mmap
 import os
 import subprocess
 import sys
@@ -117,7 +119,19 @@ def hog(problem, text):
 
 
 def grow():
-    chunks = [bytearray(10 * 2**20) for _ in range(103)]
+    """10 MB at a time, each its own anonymous mapping (new address space whatever the forked worker inherited: a
+    ``bytearray`` could be served from the trainer's freed heap, which the fork maps in already and the cap counts as
+    inherited, and a long test session leaves plenty); the cap's ENOMEM surfaces as the MemoryError an allocator
+    raises."""
+    chunks = []
+    try:
+        for _ in range(103):
+            chunks.append(m := mmap.mmap(-1, 10 * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+            m[::mmap.PAGESIZE] = b"x" * (len(m) // mmap.PAGESIZE)  # touched: real memory, as a real leak's
+    except OSError as e:
+        if e.errno == errno.ENOMEM:
+            raise MemoryError(str(e)) from e
+        raise
     return len(chunks)
 
 
