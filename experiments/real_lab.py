@@ -188,6 +188,11 @@ Running table (updated as runs finish; done / left):
   processes on 24 GB; the benchmarks' fault, not the runs'): GRPO seed 2 (back to its step-10 checkpoint), and GARL
   and LamPO seed 0 in their first minutes; put back at the queue's head (grpo 2, garl 0, lampo 0). DRE seed 0 and
   then ``grpo_int8`` seed 0 (from 16:53) kept running. Rule kept since: no benchmark above ~2 GB beside two lanes.
+- STOPPED at the session's end (2026-12-07 17:50, SIGTERM): DRE seed 0 trained all 60 steps (checkpoint 60), its
+  FINAL_K eval had just begun (no chunk written; it starts over); ``grpo_int8`` seed 0 saved at step 31. Queue, in
+  order (``lanes-queue.txt``): dre 0, grpo_int8 0, grpo 2, garl 0, lampo 0, grpo_informative 0, then as before. The
+  archive holds the running and killed runs' partial files as they stood (grpo-s2, dre-s0, grpo_int8-s0); the
+  OOM-killed GARL / LamPO seed-0 starts are not committed.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
