@@ -119,20 +119,26 @@ def hog(problem, text):
 
 
 def grow():
-    """10 MB at a time, each its own anonymous mapping (new address space whatever the forked worker inherited: a
-    ``bytearray`` could be served from the trainer's freed heap, which the fork maps in already and the cap counts as
-    inherited, and a long test session leaves plenty); the cap's ENOMEM surfaces as the MemoryError an allocator
-    raises."""
+    """10 MB at a time, each its own mapping (``written_mapping``: a ``bytearray`` could be served from the trainer's
+    freed heap, which the forked worker maps in already and its cap counts as inherited, and a long test session
+    leaves plenty); the cap's ENOMEM surfaces as the MemoryError an allocator raises."""
     chunks = []
     try:
         for _ in range(103):
-            chunks.append(m := mmap.mmap(-1, 10 * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
-            m[::mmap.PAGESIZE] = b"x" * (len(m) // mmap.PAGESIZE)  # touched: real memory, as a real leak's
+            chunks.append(written_mapping(10))
     except OSError as e:
         if e.errno == errno.ENOMEM:
             raise MemoryError(str(e)) from e
         raise
     return len(chunks)
+
+
+def written_mapping(mb: int) -> mmap.mmap:
+    """``mb`` MB in an anonymous mapping of its own (new address space, as a large tensor's buffer is), every page
+    written (real memory, as a real leak's or an eval buffer's)."""
+    m = mmap.mmap(-1, mb * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m[::mmap.PAGESIZE] = b"x" * (len(m) // mmap.PAGESIZE)
+    return m
 
 
 class HogTask:
@@ -234,14 +240,10 @@ def private_mb(pid: int) -> float:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux's smaps_rollup")
 def test_the_worker_is_forked_at_build_and_holds_none_of_the_trainers_later_memory():
-    import mmap
-
     built = Forked(os.getpid, 10)  # forked here, before the trainer's big allocation
     # e.g. an eval's KV cache: its own mapping (as a large tensor's is), every page written, then unmapped. Not a
     # ``bytes``: a long suite's heap can serve one from free chunks that ``del`` keeps mapped, shared with the worker.
-    big = mmap.mmap(-1, 300 * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    for _ in range(300):
-        big.write(b"x" * 2**20)
+    big = written_mapping(300)
     late = Forked(os.getpid, 10)  # what a worker forked at its first call, inside that eval, would be
     try:
         assert built() == built._proc.pid != os.getpid() and late() == late._proc.pid
