@@ -8,6 +8,8 @@
 #   printf 'grpo 0\ngrpo 1\ngarl 0\n' > /tmp/queue.txt
 #   (setsid experiments/lane.sh real_lab /tmp/queue.txt > /tmp/laneA.out 2>&1 &)   # and again for a second lane
 #
+# A line that starts with "-" is passed to the experiment's script as its arguments instead (another of its modes,
+# e.g. "--transfer experiments/out/real_lab/grpo-s0"), its output to QUEUE.<the line, one word>.out.
 # Each start and end goes to QUEUE.log with the exit status; a run's own output to QUEUE.<arm>-s<seed>.out.
 set -u
 experiment=$1 queue=$(realpath "$2")
@@ -15,11 +17,16 @@ cd "$(dirname "$0")/.."
 while true; do
   job=$(flock "$queue.lock" bash -c 'l=$(head -n1 "$0"); [ -n "$l" ] && sed -i 1d "$0"; echo "$l"' "$queue")
   [ -z "$job" ] && break
-  read -r arm seed <<< "$job"
-  echo "$(date -Is) START $arm s$seed" >> "$queue.log"
-  OMP_NUM_THREADS=1 PYTHONPATH=src python "experiments/$experiment.py" --jobs 1 --arms "$arm" --seeds "$seed" \
-    > "$queue.$arm-s$seed.out" 2>&1
+  if [[ $job == -* ]]; then
+    read -r -a args <<< "$job"
+    name=$(tr -c 'A-Za-z0-9_.\n-' _ <<< "${job//\//.}")
+  else
+    read -r arm seed <<< "$job"
+    args=(--arms "$arm" --seeds "$seed") name=$arm-s$seed job="$arm s$seed"
+  fi
+  echo "$(date -Is) START $job" >> "$queue.log"
+  OMP_NUM_THREADS=1 PYTHONPATH=src python "experiments/$experiment.py" --jobs 1 "${args[@]}" > "$queue.$name.out" 2>&1
   rc=$?
   flock "$queue.lock" python experiments/harness.py archive "$experiment" >> "$queue.log" 2>&1
-  echo "$(date -Is) END $arm s$seed rc=$rc" >> "$queue.log"
+  echo "$(date -Is) END $job rc=$rc" >> "$queue.log"
 done
