@@ -195,7 +195,7 @@ Running table (updated as runs finish; done / left):
   OOM-killed GARL / LamPO seed-0 starts are not committed.
 - RESUMED 2026-12-07 18:17 on fdaf1aa (main: the update's sampled-token log-probs in chunks, ``forward.token_logprobs``,
   the same update bitwise and 1.15x faster; docs/benchmarks.md): DRE seed 0 (its FINAL_K eval, from the start) and
-  ``grpo_int8`` seed 0 (from its step-30 checkpoint), then the queue. Runs and evals from here on use it.
+  ``grpo_int8`` seed 0 (from its step-31 save), then the queue. Runs and evals from here on use it.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
