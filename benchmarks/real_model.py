@@ -75,6 +75,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from groupwise.types import TokenBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/smollm2_math.yaml"
@@ -203,6 +209,61 @@ def child_update(micro: int, lora: bool, threads: int, groups: int = 16) -> dict
             "tokens": sum(len(p.encode(g.problem)) + 8 * 48 for g in batch)}
 
 
+def _sampled(p, groups: int, k: int, tokens: int, finish: str) -> tuple[list, list, torch.Tensor]:
+    """``groups`` of the pipeline's test problems x ``k`` completions of at most ``tokens`` tokens sampled by its own
+    generator (seed 0, T = 1), as samples with ``finish`` as their finish reason; advantages +-1, alternating in a
+    group (every row trained)."""
+    import torch
+
+    from groupwise.rollout.base import Request, SamplingParams
+    from groupwise.types import Sample
+
+    problems = p.task.test[:groups]
+    reqs = [Request(p.encode(prob)) for prob in problems for _ in range(k)]
+    out = p.generator.generate(reqs, SamplingParams(tokens, 1.0), torch.Generator().manual_seed(0))
+    samples = [Sample(prompt_ids=r.prompt_ids, completion_ids=c.completion_ids,
+                      rollout_logprobs=c.rollout_logprobs.float(), finish_reason=finish, scored=True,
+                      loss_mask=torch.ones(c.completion_ids.numel(), dtype=torch.bool)) for r, c in zip(reqs, out)]
+    adv = torch.tensor([[1.0 if j % 2 else -1.0 for j in range(k)] for _ in problems])
+    return problems, samples, adv
+
+
+def _batch(problems: list, samples: list, adv) -> TokenBatch:
+    """A fresh TokenBatch of ``_sampled``'s rows (no old log-probs kept from an earlier step)."""
+    import dataclasses
+
+    from groupwise.types import Group, TokenBatch
+
+    k = len(samples) // len(problems)
+    fresh = [dataclasses.replace(s, old_logprobs=None) for s in samples]
+    return TokenBatch.build([Group(problem=prob, samples=fresh[k * i:k * i + k]) for i, prob in enumerate(problems)],
+                            adv, [])
+
+
+def _restore(trained: list, start: list) -> None:
+    """The trained parameters back to ``start``."""
+    import torch
+
+    with torch.no_grad():
+        for q, s0 in zip(trained, start):
+            q.copy_(s0)
+
+
+def _step_grad(learner, trained: list, batch) -> torch.Tensor:
+    """``learner.step(batch)``, returning the flattened gradient of ``trained`` as the optimizer step saw it."""
+    import torch
+
+    got: list[torch.Tensor] = []
+    real = learner.optimizer.step
+    learner.optimizer.step = lambda *a, **kw: (got.append(torch.cat([q.grad.reshape(-1) for q in trained])),
+                                               real(*a, **kw))[1]
+    try:
+        learner.step(batch)
+    finally:
+        learner.optimizer.step = real
+    return got[0]
+
+
 def child_autocast(arm: str, threads: int, groups: int = 8, tokens: int = 40, repeats: int = 3) -> dict:
     """The update of one sampled batch under optim.autocast none and bf16 (see the module docstring)."""
     import dataclasses
@@ -211,55 +272,34 @@ def child_autocast(arm: str, threads: int, groups: int = 8, tokens: int = 40, re
 
     from groupwise.config import load
     from groupwise.loop.setup import build
-    from groupwise.rollout.base import Request, SamplingParams
-    from groupwise.types import Group, Sample, TokenBatch
     from groupwise.update import Learner, build_optimizer
 
     torch.set_num_threads(threads)
     p = build(load(RECIPE, ["trainer.sinks=[]", f"out_dir={tempfile.mkdtemp()}", *ARMS[arm]]), io=False)
-    problems = p.task.test[:groups]
-    reqs = [Request(p.encode(prob)) for prob in problems for _ in range(8)]
-    out = p.generator.generate(reqs, SamplingParams(tokens, 1.0), torch.Generator().manual_seed(0))
-    samples = [Sample(prompt_ids=r.prompt_ids, completion_ids=c.completion_ids,
-                      rollout_logprobs=c.rollout_logprobs.float(), finish_reason="length", scored=True,
-                      loss_mask=torch.ones(c.completion_ids.numel(), dtype=torch.bool)) for r, c in zip(reqs, out)]
-    adv = torch.tensor([[1.0 if j % 2 else -1.0 for j in range(8)] for _ in problems])
+    problems, samples, adv = _sampled(p, groups, 8, tokens, "length")
     trained = [q for q in p.policy.parameters() if q.requires_grad]
     start = [q.detach().clone() for q in trained]
 
     def learner(mode: str, **optim) -> Learner:
-        with torch.no_grad():
-            for q, s0 in zip(trained, start):
-                q.copy_(s0)
+        _restore(trained, start)
         o = dataclasses.replace(p.learner.settings.optim, autocast=mode, **optim)
         opt, sched = build_optimizer(p.policy, o, p.cfg.trainer.steps)
         return Learner(p.policy, opt, sched, p.learner.terms, dataclasses.replace(p.learner.settings, optim=o),
                        p.learner.ref, p.learner.teacher)
 
-    def batch() -> TokenBatch:
-        fresh = [dataclasses.replace(s, old_logprobs=None) for s in samples]
-        return TokenBatch.build([Group(problem=prob, samples=fresh[8 * i:8 * i + 8])
-                                 for i, prob in enumerate(problems)], adv, [])
-
     seconds: dict[str, list[float]] = {"none": [], "bf16": []}
     for mode in ("none", "bf16"):  # warm-up: first-call allocations and kernel setup
-        learner(mode).step(batch())
+        learner(mode).step(_batch(problems, samples, adv))
     order = [m for r in range(repeats) for m in (("none", "bf16") if r % 2 == 0 else ("bf16", "none"))]
     for mode in order:
         lr = learner(mode)
-        b = batch()
+        b = _batch(problems, samples, adv)
         t = time.process_time()
         lr.step(b)
         seconds[mode].append(time.process_time() - t)
 
     def grads(mode: str, **optim) -> torch.Tensor:
-        lr = learner(mode, grad_clip=0.0, **optim)
-        got: list[torch.Tensor] = []
-        real = lr.optimizer.step
-        lr.optimizer.step = lambda *a, **k: (got.append(torch.cat([q.grad.reshape(-1) for q in trained])),
-                                             real(*a, **k))[1]
-        lr.step(batch())
-        return got[0]
+        return _step_grad(learner(mode, grad_clip=0.0, **optim), trained, _batch(problems, samples, adv))
 
     g32, g16, g32b = grads("none"), grads("bf16"), grads("none", shared_prefix=False)
     lp = {mode: learner(mode).logprobs(p.policy, samples) for mode in ("none", "bf16")}
@@ -276,56 +316,28 @@ def child_autocast(arm: str, threads: int, groups: int = 8, tokens: int = 40, re
 
 def child_update_ab(recipe: str, threads: int, groups: int, repeats: int, save: str) -> dict:
     """``update``'s measurement in one process (see the module docstring); gradient and log-probs to ``save``."""
-    import dataclasses
-
     import torch
 
     from groupwise.config import load
     from groupwise.loop.setup import build
-    from groupwise.rollout.base import Request, SamplingParams
-    from groupwise.types import Group, Sample, TokenBatch
 
     torch.set_num_threads(threads)
     p = build(load(recipe, ["trainer.sinks=[]", f"out_dir={tempfile.mkdtemp()}"]), io=False)
-    k = p.cfg.rollout.group_size
-    problems = p.task.test[:groups]
-    reqs = [Request(p.encode(prob)) for prob in problems for _ in range(k)]
-    out = p.generator.generate(reqs, SamplingParams(p.cfg.rollout.max_completion_tokens, 1.0),
-                               torch.Generator().manual_seed(0))
-    samples = [Sample(prompt_ids=r.prompt_ids, completion_ids=c.completion_ids,
-                      rollout_logprobs=c.rollout_logprobs.float(), finish_reason="stop", scored=True,
-                      loss_mask=torch.ones(c.completion_ids.numel(), dtype=torch.bool)) for r, c in zip(reqs, out)]
-    adv = torch.tensor([[1.0 if j % 2 else -1.0 for j in range(k)] for _ in problems])
+    problems, samples, adv = _sampled(p, groups, p.cfg.rollout.group_size, p.cfg.rollout.max_completion_tokens, "stop")
     trained = [q for q in p.policy.parameters() if q.requires_grad]
     start = [q.detach().clone() for q in trained]
     sampled_mb = _peak_mb()
-
-    def batch() -> TokenBatch:
-        fresh = [dataclasses.replace(s, old_logprobs=None) for s in samples]
-        return TokenBatch.build([Group(problem=prob, samples=fresh[k * i:k * i + k])
-                                 for i, prob in enumerate(problems)], adv, [])
-
-    def restart() -> None:
-        with torch.no_grad():
-            for q, s0 in zip(trained, start):
-                q.copy_(s0)
-
     logprobs = torch.cat([x.reshape(-1) for x in p.learner.logprobs(p.policy, samples)])
-    got: list[torch.Tensor] = []
-    real = p.learner.optimizer.step
-    p.learner.optimizer.step = lambda *a, **kw: (got.append(torch.cat([q.grad.reshape(-1) for q in trained])),
-                                                 real(*a, **kw))[1]
-    p.learner.step(batch())  # untimed: first-call allocations and kernel setup; its gradient is the one compared
-    p.learner.optimizer.step = real
-    torch.save({"grad": got[0], "logprobs": logprobs}, save)
+    # untimed: first-call allocations and kernel setup; its gradient is the one compared
+    torch.save({"grad": _step_grad(p.learner, trained, _batch(problems, samples, adv)), "logprobs": logprobs}, save)
     seconds = []
     for _ in range(repeats):
-        restart()
-        b = batch()
+        _restore(trained, start)
+        b = _batch(problems, samples, adv)
         t = time.process_time()
         p.learner.step(b)
         seconds.append(time.process_time() - t)
-    ids = torch.cat([c.completion_ids for c in out])
+    ids = torch.cat([s.completion_ids for s in samples])
     return {"seconds": seconds, "rows": len(samples), "tokens": int(ids.numel()), "sampled_mb": sampled_mb,
             "peak_mb": _peak_mb(),
             "samples_hash": int((ids * torch.arange(1, ids.numel() + 1)).sum())}
@@ -384,14 +396,8 @@ def update_main(a) -> dict:
     for side in order:
         print(f"update: {side} ({sides[side]}) ...", file=sys.stderr, flush=True)
         saved.setdefault(side, str(Path(tempfile.mkdtemp()) / "first_step.pt"))
-        code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import real_model as m; "
-                f"print(json.dumps(m.child_update_ab({a.recipe!r}, {a.threads}, {a.groups}, {a.repeats}, "
-                f"{saved[side]!r})))")
-        env = dict(_env(a.threads), PYTHONPATH=str(sides[side] / "src"))
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"update {side} failed:\n{proc.stderr[-3000:]}")
-        runs[side].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        runs[side].append(_child(f"child_update_ab({a.recipe!r}, {a.threads}, {a.groups}, {a.repeats}, "
+                                 f"{saved[side]!r})", a.threads, sides[side] / "src"))
     import torch
 
     first = {side: torch.load(path) for side, path in saved.items()}
@@ -421,13 +427,7 @@ def autocast_main(a) -> dict:
     runs = []
     for arm in ARMS:
         print(f"autocast: {arm} ...", file=sys.stderr, flush=True)
-        code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import real_model as m; "
-                f"print(json.dumps(m.child_autocast({arm!r}, {a.threads}, {a.groups}, {a.tokens}, {a.repeats})))")
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(a.threads), capture_output=True,
-                              text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"autocast {arm} failed:\n{proc.stderr[-3000:]}")
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        runs.append(_child(f"child_autocast({arm!r}, {a.threads}, {a.groups}, {a.tokens}, {a.repeats})", a.threads))
     lines = [f"{RECIPE}, one update of {runs[0]['rows']} sampled rows ({a.groups} groups x 8, "
              f"{runs[0]['tokens']} completion tokens), {a.threads} thread(s), process CPU s, "
              f"{a.repeats} alternating repeats per mode (median [min-max])", "",
@@ -448,14 +448,15 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _child(kind: str, value: int, threads: int, extra: str = "") -> dict:
+def _child(call: str, threads: int, src: Path = ROOT / "src") -> dict:
+    """``call`` (``child_...(...)``, a function of this module) in a fresh process importing groupwise from ``src``:
+    its returned dict."""
     code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import real_model as m; "
-            f"print(json.dumps(m.child_{kind}({value}, "
-            f"{'' if kind == 'generate' else extra + ', '}{threads})))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(threads),
-                          capture_output=True, text=True)
+            f"print(json.dumps(m.{call}))")
+    env = dict(_env(threads), PYTHONPATH=str(src))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{kind} {value} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{call} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -471,13 +472,13 @@ def memory_main(a) -> dict:
     gen = []
     for r in a.rows:
         print(f"generate {r} rows ...", file=sys.stderr, flush=True)
-        gen.append(_child("generate", r, a.threads))
+        gen.append(_child(f"child_generate({r}, {a.threads})", a.threads))
     upd = []
     for lora in (False, True):
         for m in a.micro:
             print(f"update at {m} tokens a micro-batch ({'lora' if lora else 'full'}) ...", file=sys.stderr,
                   flush=True)
-            upd.append(_child("update", m, a.threads, str(lora)))
+            upd.append(_child(f"child_update({m}, {lora}, {a.threads})", a.threads))
     lines = [f"peak RSS, one process per point, {a.threads} thread(s); linear fits; "
              f"budget {a.budget_gib} GiB x 0.9", ""]
     out: dict = {"generate": gen, "update": upd}
