@@ -32,12 +32,18 @@ first ``--prompts`` training problems as the recipe prompts them, ``--max-tokens
                                                      --no-bound --mismatch [--prefill]
     PYTHONPATH=src python benchmarks/decode_paths.py --sampler-cost 49152       # the sampler alone, 64 rows
     PYTHONPATH=src python benchmarks/decode_paths.py --gemm-cost                # the decode's GEMMs alone, 64 rows
+    PYTHONPATH=src python benchmarks/decode_paths.py --head-cost                # the LM head: one call / blocks
 
 ``--profile`` then runs one generate call of each path under torch's profiler and prints the ops with the most self
 CPU time, each as a share of the call's.
 
 ``--gemm-cost`` times only the GEMMs of SmolLM2-135M's fused decode step, one shape at a time on ``--prompts`` x
 ``--group`` rows: float32, the ``int8`` path's, fp16 weights and weight-only int8, with each one's relative error.
+``--head-cost`` times only SmolLM2-135M's LM head (576 -> 49,152, random weights) on ``--prompts`` x ``--group``
+rows, as one ``F.linear`` call and as the fused decode computes it (``fused._head``, blocks of ``fused.HEAD_ROWS``
+vocabulary rows), each call after the other GEMMs of a decode step (30 layers' fused q/k/v, o, gate/up and down,
+random weights: ~0.5 GB, so the head's weight is not left in the caches by the previous call, as in a real decode);
+alternating, the median of ``--repeats`` x 4 calls each, and whether the two products are bitwise equal.
 ``--sampler-cost VOCAB`` times only the draw of one decode step (``torch.multinomial`` against the ``race`` sampler,
 ``hf.sample_rows``) on ``--prompts`` x ``--group`` rows of a VOCAB-token softmax.
 """
@@ -72,6 +78,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--gemm-cost", action="store_true", help="only time SmolLM2's decode GEMM shapes: fp32, int8, "
                    "fp16 weights, weight-only int8")
+    p.add_argument("--head-cost", action="store_true", help="only time SmolLM2's LM head: one call against "
+                   "fused._head's blocks, after a decode step's other GEMMs")
     p.add_argument("--sampler-cost", type=int, metavar="VOCAB", help="only time one decode step's draw: "
                    "torch.multinomial against hf.sample_rows over --prompts x --group rows of VOCAB tokens")
     a = p.parse_args()
@@ -82,6 +90,9 @@ def main() -> None:
         return
     if a.gemm_cost:
         gemm_cost(a.prompts * a.group, a.repeats, a.threads)
+        return
+    if a.head_cost:
+        head_cost(a.prompts * a.group, a.repeats, a.threads)
         return
 
     from groupwise.adapters import base_model
@@ -252,6 +263,44 @@ def gemm_cost(rows: int, repeats: int, threads: int) -> None:
         ms = alternating_ms(calls, repeats, 10)
         print(f"{name:<8} {k}->{n}: " + ", ".join(f"{c} {v:.2f}" + (f" ({err[c]:.1e})" if c != "fp32" else "")
                                                   for c, v in ms.items()))
+
+
+def head_cost(rows: int, repeats: int, threads: int) -> None:
+    """CPU ms of SmolLM2-135M's LM head on ``rows`` rows: one ``F.linear`` against ``fused._head``, each call
+    preceded by the rest of a decode step's GEMMs (module docstring)."""
+    import torch
+
+    from groupwise.standard import fused
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    F = torch.nn.functional
+    rand = lambda *shape: torch.randn(*shape, generator=g) * 0.02  # noqa: E731
+    layers = [(rand(576, 960), rand(576, 576), rand(576, 3072), rand(1536, 576)) for _ in range(30)]
+    w, x = rand(49152, 576), torch.randn(rows, 576, generator=g)
+
+    def body() -> torch.Tensor:
+        h = x
+        for qkv, o, gu, down in layers:
+            h = h + (h @ qkv)[:, :576] @ o
+            gate, up = (h @ gu).chunk(2, -1)
+            h = h + (F.silu(gate) * up) @ down
+        return h / h.norm(dim=-1, keepdim=True) * 24  # (an RMS-normed residual's scale)
+
+    heads = {"one call": lambda h: F.linear(h, w), f"blocks of {fused.HEAD_ROWS}": lambda h: fused._head(h, w, None)}
+    ms: dict[str, list[float]] = {name: [] for name in heads}
+    for r in range(repeats * 4 + 2):
+        for name, f in (heads.items() if r % 2 == 0 else reversed(heads.items())):
+            h = body()
+            t = time.process_time()
+            f(h)
+            if r >= 2:  # (two rounds of warm-up)
+                ms[name].append((time.process_time() - t) * 1000)
+    h = body()
+    same = torch.equal(*(f(h) for f in heads.values()))
+    (a, sa), (b, sb) = ((name, statistics.median(v)) for name, v in ms.items())
+    print(f"LM head 576->49152, {rows} rows, {threads} thread(s), after a decode step's other GEMMs: {a} {sa:.1f} ms, "
+          f"{b} {sb:.1f} ms a call ({sa / sb:.2f}x); bitwise equal: {same}")
 
 
 def profile(gen, reqs, params, name: str, top: int = 12) -> None:

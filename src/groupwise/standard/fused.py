@@ -20,7 +20,9 @@ the same function with
 
 Everything that carries a model's own numerics is the model's own module, called as is: the embedding, every
 RMSNorm (Qwen3's per-head q/k norms included), the rotary embedding (so scaled RoPE variants work), the final
-norm and the LM head (an adapted or ``modules_to_save`` head too). The prefill is the model's own forward
+norm and an adapted, ``modules_to_save`` or hooked LM head. A plain ``nn.Linear`` head (tied or not) is its own weight
+in blocks of ``HEAD_ROWS`` vocabulary rows (``_head``: the same dot products; 1.2-1.4x faster than one call over
+SmolLM2's 49,152 rows on this CPU). The prefill is the model's own forward
 (``forward.prefill_distinct``, one pass per distinct prompt); its cache is the prompts' keys. Outputs equal the
 model's decode up to float summation order (the fused GEMMs add the same products in another order, and the
 LoRA fold computes ``x W + scaling · (x A) B`` as one product): tests/unit/rollout/test_fused_decode.py. The fold
@@ -239,9 +241,14 @@ class FusedDecoder:
             else:
                 self.w.append((*_cast(*qkv, dtype), _cast(*_weight(a.o_proj), dtype), *_cast(*gu, dtype),
                                m.up_proj.out_features, _cast(*_weight(m.down_proj), dtype)))
-        # the LM head: the model's own module (dtype None), else a copy of its (folded) weight in dtype, or its pack
-        head = None if dtype is None else _weight(self.model.lm_head)
-        self.head = head and ((_pack(*head, (ranges or {}).get("head")),) if self.int8 else _cast(*head, dtype))
+        # the LM head: a copy of its (folded) weight in dtype, or its pack; without dtype a plain nn.Linear's own
+        # weight (computed in vocabulary blocks, ``_head``), any other head module called as is
+        lm = self.model.lm_head
+        if dtype is not None:
+            head = _weight(lm)
+            self.head = (_pack(*head, (ranges or {}).get("head")),) if self.int8 else _cast(*head, dtype)
+        else:
+            self.head = (lm.weight, lm.bias) if _plain_head(lm) else None
         row = torch.arange(len(attn), device=attn.device) if row is None else row.to(attn.device)
         low = self.dtype or cache.layers[0].keys.dtype
         self.kv = KV([c.keys.to(low) for c in cache.layers], [c.values.to(low) for c in cache.layers], attn.bool(),
@@ -280,9 +287,12 @@ class FusedDecoder:
             g, u = gu.split([inter, inter], dim=-1)
             h = h + self._linear(F.silu(g) * u, w_down)
         self.kv.n += 1
+        x = inner.norm(h).to(lo)
         if self.head is None:
-            return self.model.lm_head(inner.norm(h))
-        return self._linear(inner.norm(h).to(lo), self.head).float()
+            return self.model.lm_head(x)
+        if self.int8:
+            return _qlinear(x, self.head[0])
+        return _head(x, *self.head) if self.dtype is None else _head(x, *self.head).float()
 
     def _mm(self, x: Tensor, w, b: Tensor | None) -> Tensor:
         """``x @ w + b`` for a fused projection (``w`` [in, out]), or its int8 pack's product."""
@@ -293,6 +303,36 @@ class FusedDecoder:
     def _linear(self, x: Tensor, wb: tuple) -> Tensor:
         """``F.linear(x, w, b)`` (what an ``nn.Linear`` computes), or its int8 pack's product."""
         return _qlinear(x, wb[0]) if self.int8 else torch.nn.functional.linear(x, *wb)
+
+
+HEAD_ROWS = 1024
+"""Output rows (vocabulary entries) per GEMM of the decode's LM head (``_head``)."""
+
+
+def _plain_head(lm: torch.nn.Module) -> bool:
+    """An LM head ``_head`` computes as its module would: a plain ``nn.Linear`` of plain tensors that no forward
+    hook changes (a hook, e.g. a logit bias, runs only when the module itself is called)."""
+    from torch.nn.modules import module as m
+
+    hooks = (lm._forward_hooks, lm._forward_pre_hooks, m._global_forward_hooks, m._global_forward_pre_hooks)
+    return type(lm) is torch.nn.Linear and type(lm.weight.data) is torch.Tensor and not any(hooks)
+
+
+def _head(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """``F.linear(x, w, b)`` for the LM head, ``HEAD_ROWS`` rows of ``w`` at a time, each block's product written
+    into its columns of one [B, V] output. Every logit is the same dot product over the hidden size, so the result
+    is the single call's wherever the BLAS kernel sums a block's columns as it sums the whole (bitwise on this CPU,
+    tests/unit/rollout/test_fused_decode.py); the blocks only change how the [B, V] product walks memory. On
+    SmolLM2-135M's head (576 -> 49,152) at 64 rows, one thread, the single call ran at ~49 GFLOP/s and the blocks at
+    ~60-70 (docs/benchmarks.md, "Lever: the decode's LM head in blocks")."""
+    out = x.new_empty(x.shape[0], w.shape[0])
+    for i in range(0, w.shape[0], HEAD_ROWS):
+        o, wi = out[:, i:i + HEAD_ROWS], w[i:i + HEAD_ROWS].t()
+        if b is None:
+            torch.mm(x, wi, out=o)
+        else:
+            torch.addmm(b[i:i + HEAD_ROWS], x, wi, out=o)
+    return out
 
 
 SMOOTH_ALPHA = 0.5

@@ -101,6 +101,27 @@ def test_fused_decode_equals_the_models_forward(build, temperature, share_prefil
         assert_close(lp[i, :len(o.completion_ids)], o.rollout_logprobs, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_lm_head_in_blocks_is_the_single_product(dtype, bias, monkeypatch):
+    monkeypatch.setattr(fused, "HEAD_ROWS", 7)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 16, generator=g).to(dtype), torch.randn(45, 16, generator=g).to(dtype)  # a last block of 3
+    b = torch.randn(45, generator=g).to(dtype) if bias else None
+    got = fused._head(x, w, b)
+    assert got.dtype == dtype and got.shape == (5, 45) and got.is_contiguous()
+    tol = 1e-6 if dtype == torch.float32 else 8e-3  # (bfloat16: one rounding of the output, in either order)
+    assert_close(got, torch.nn.functional.linear(x, w, b), rtol=tol, atol=tol)
+
+
+def test_fused_decode_with_the_lm_head_in_several_blocks_equals_the_models_forward(tokenizer, monkeypatch):
+    monkeypatch.setattr(fused, "HEAD_ROWS", 40)  # the tiny vocabulary (108) in blocks of 40, 40 and 28
+    a, b = both(llama(), tokenizer, SamplingParams(max_tokens=16, temperature=1.0))
+    for x, y in zip(a, b):
+        assert torch.equal(x.completion_ids, y.completion_ids)
+        assert_close(x.rollout_logprobs, y.rollout_logprobs, rtol=1e-5, atol=1e-5)
+
+
 def test_fused_decode_reads_the_current_weights(tokenizer):
     model = qwen2()
     gen = HFGenerator(HFConfig(decode="fused"), model, tokenizer)
