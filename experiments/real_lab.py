@@ -196,6 +196,13 @@ Running table (updated as runs finish; done / left):
 - RESUMED 2026-12-07 18:17 on fdaf1aa (main: the update's sampled-token log-probs in chunks, ``forward.token_logprobs``,
   the same update bitwise and 1.15x faster; docs/benchmarks.md): DRE seed 0 (its FINAL_K eval, from the start) and
   ``grpo_int8`` seed 0 (from its step-31 save), then the queue. Runs and evals from here on use it.
+- DONE 2026-12-07 18:57: DRE seed 0 (one seed; ``--report-only --arms grpo dre --seeds 0``): the re-check written in
+  0.008 of answers (GRPO 0.999), correct answers 39.6 tokens (GRPO 53.0), pass@1 0.340 against GRPO's 0.348, paired
+  -0.008 +- 0.012 (its expectation: NO DIFFERENCE, the re-check dropped); pass@16 0.655 (GRPO 0.610).
+- ENGINE 2026-12-07 18:57 (d4c0bbb): the lanes' checkout moved to main with the fused decode's LM head in blocks
+  (bitwise the single product on this CPU: runs are unchanged); the lanes were restarted around their running jobs
+  (exit status of dre-s0 and grpo_int8-s0 not seen by the new lanes; both wrote their records). The queue gained
+  ``--transfer grpo-s0 grpo-s1`` (issue 44's transfer check for GRPO) after ``grpo 2``.
 - WRITTEN 2026-12-07 (issue 45, before any run): ``grpo_int8``, GRPO with the int8 sampler and the token-level IS
   correction (its comment at ARMS); every eval samples in float32 (EVAL_FIXED, which the step-0 check allows for).
   It needs main's code (the lanes run a worktree at d6f229b): move the lab worktree to main at a session's start,
