@@ -448,11 +448,13 @@ ARMS = {
     #   writes mode-tagged traces for its warm-up (`modes: true`), the gym task and its warm-up have none. It needs
     #   multi-token mode prefixes in the think_modes builder plus mode-tagged reference traces (NoThink: the boxed
     #   answer alone; Short: the running totals without the re-check; Long: with it) in the task and the warm-up.
-    # - FGRPO: every client with its own task settings (the non-IID split, e.g. chains of 2-5 and of 6-9 terms) gets
-    #   its own format warm-up (the warm start's key holds the task config, and methods/fgrpo/federated.py's
-    #   initial_model_path shares the base task's warm start only for embedded models): ~20 min and ~13 GB peak per
-    #   client; and the clients are full pipelines in one process (one pipeline peaks at ~8.4 GB on this recipe),
-    #   so four do not fit beside the two lanes of this 24 GB machine.
+    # - FGRPO: until 2026-12-07 every client with its own task settings (the non-IID split, e.g. chains of 2-5 and
+    #   of 6-9 terms) got its own format warm-up (~20 min and ~13 GB peak each: the warm start's key holds the task
+    #   config); since then the clients share the base task's, the lab's cached one (``models.load.warm_start_dir``,
+    #   tests/unit/models/test_pretrained_warm_start.py). Left: the clients are full pipelines in one process beside
+    #   the server's (one pipeline peaks at ~8.4 GB on this recipe, transiently; three models resident), not yet
+    #   measured, so not smoked beside the two lanes of this 24 GB machine. The arm to write: 2 clients (2-5 and 6-9
+    #   terms), 30 local steps each (GRPO's 60 steps of samples), E = 5, against FedAvg on the same clients.
 }
 # HDR's tau, set before the HDR runs by a rule fixed here (2026-12-06, before the calibration ran): HDR with no gate
 # (tau .inf, otherwise the arm's settings) for 10 steps on seed 9 (no arm's seed), no eval; tau = the median over its

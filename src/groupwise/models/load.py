@@ -82,6 +82,28 @@ def load_model(cfg: ModelConfig, task=None, screen: Progress | None = None, seed
     return model, tokenizer
 
 
+def _pretrained_warm_start(cfg: ModelConfig, task, path: Path, screen: Progress | None) -> Path:
+    from groupwise.models.warm_start import ensure_warm_start
+
+    if lora.is_adapter_dir(path):
+        raise ConfigError(f"model.warm_start: true with model.path '{cfg.path}', a LoRA adapter: a warm start "
+                          "starts from a model's weights; allowed: model.warm_start: auto or false here")
+    return ensure_warm_start(cfg.path, task, cfg, source=path, screen=screen)
+
+
+def warm_start_dir(cfg: ModelConfig, task, screen: Progress | None = None) -> Path | None:
+    """The directory of the warm start ``cfg`` starts from on ``task`` (built on a cache miss), embedded or
+    pretrained; None where it has none (``cfg.warm_starts``). For a driver whose workers should share one warm start
+    (FGRPO's clients: ``methods/fgrpo/federated.py``)."""
+    if not cfg.warm_starts:
+        return None
+    if cfg.path.startswith("embedded:"):
+        from groupwise.models.warm_start import ensure_warm_start
+
+        return ensure_warm_start(cfg.path.split(":", 1)[1], task, cfg, screen=screen)
+    return _pretrained_warm_start(cfg, task, sources.resolve(cfg.path, screen), screen)
+
+
 def _load_base(cfg: ModelConfig, task, screen: Progress | None, train: bool = True):
     check_device(cfg.device)
     if not cfg.path.startswith("embedded:"):
@@ -92,12 +114,7 @@ def _load_base(cfg: ModelConfig, task, screen: Progress | None, train: bool = Tr
             what = f"{'training' if train else 'loading'} '{cfg.path}' in {cfg.dtype}"
             sources.check_memory(n, per_param, what, "model.path", cfg.device)
         if cfg.warm_starts:  # a format warm-up (SFT): model.warm_start true, steps > 0
-            from groupwise.models.warm_start import ensure_warm_start
-
-            if lora.is_adapter_dir(path):
-                raise ConfigError(f"model.warm_start: true with model.path '{cfg.path}', a LoRA adapter: a warm start "
-                                  "starts from a model's weights; allowed: model.warm_start: auto or false here")
-            path = ensure_warm_start(cfg.path, task, cfg, source=path, screen=screen)
+            path = _pretrained_warm_start(cfg, task, path, screen)
         return load_pretrained(path, cfg.dtype, cfg.device)
     from groupwise.models import tiny
 

@@ -128,3 +128,26 @@ def test_a_killed_build_leaves_nothing_behind_and_files_follow_the_umask(base_di
         os.umask(old)
     assert sorted(x.name for x in root.iterdir() if not x.name.endswith(".lock")) == [name]
     assert (root / name / "model.safetensors").stat().st_mode & 0o777 == 0o640
+
+
+def test_fgrpo_clients_share_the_base_tasks_warm_start(base_dir, monkeypatch):
+    """Under FGRPO every client starts from the base task's warm start, one warm-up for the run: a client's own task
+    (its overrides) would key a warm-up of its own."""
+    from pathlib import Path
+
+    from groupwise.methods.fgrpo import federated as fgrpo
+
+    recipe = str(Path(__file__).parents[3] / "recipes" / "fgrpo_lab.yaml")
+    over = [f"model.path={base_dir}", "model.lora={r: 4}", "model.warm_start_steps=3", "model.warm_start_batch=4"]
+    assert fgrpo.initial_model_path(load(recipe, over), None) is None  # auto: a pretrained model as it is
+    cfg = load(recipe, [*over, "model.warm_start=true"])
+    task = cfg.task.build(BuildEnv(run=cfg, seed=0))
+    calls = []
+    monkeypatch.setattr(warm_start, "advance", calls.append)
+    path = fgrpo.initial_model_path(cfg, task)
+    (warm,) = (base_dir.parent / "cache" / "warm_start").glob("base-*")
+    assert Path(path) == warm and len(calls) == 3
+    assert fgrpo.initial_model_path(cfg, task) == path and len(calls) == 3  # the cache: no second warm-up
+    for k in range(len(cfg.driver.cfg.clients)):
+        m = fgrpo.client_config(cfg, cfg.driver.cfg, k, path).model
+        assert m.path == path and m.warm_start is False and m.lora == cfg.model.lora

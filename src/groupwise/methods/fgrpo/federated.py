@@ -31,11 +31,12 @@ Choices (the spec marks every formula [design]):
                metrics, ``trainer.save_every`` and ``eval.every`` use that step count (logged once per round).
   seeds        client k trains with seed ``seed + 1009·k`` (client 0: the recipe's seed).
 
-Every client starts from the recipe's model: for the embedded model, the warm start of the recipe's own
-(base) task, shared by all clients. Checkpoints (``checkpoints/step_*``) hold the global model in Hugging Face
-format (``groupwise eval RUN`` evaluates it on the base task) and, in the trainer state, the round, the
-baselines, the failure count and every client's optimizer, scheduler and component state; ``--resume``
-continues from the last saved round and reproduces the uninterrupted run.
+Every client starts from the recipe's model: with a warm start (the embedded model's, or a pretrained model's
+format warm-up), that of the recipe's own (base) task, built once and shared by all clients. Checkpoints
+(``checkpoints/step_*``) hold the global model in Hugging Face format (``groupwise eval RUN`` evaluates it on the
+base task) and, in the trainer state, the round, the baselines, the failure count and every client's optimizer,
+scheduler and component state; ``--resume`` continues from the last saved round and reproduces the uninterrupted
+run.
 
 Backends share ``Client`` and the aggregation math: ``inprocess`` calls the clients in turn; ``flower`` runs the
 same loop as a Flower ServerApp whose clients are a ClientApp on a local simulated federation
@@ -242,13 +243,14 @@ def client_config(run: RunConfig, cfg: FGRPOConfig, k: int, model_path: str | No
 
 
 def initial_model_path(run: RunConfig, task) -> str | None:
-    """The model every client starts from: for an embedded model with a warm start, that of the base task."""
-    m = run.model
-    if not (m.path.startswith("embedded:") and m.warm_start and m.warm_start_steps > 0):
-        return None
-    from groupwise.models.warm_start import ensure_warm_start
+    """The model every client starts from: for a model with a warm start (embedded, or pretrained with
+    ``model.warm_start: true``), that of the base task, which the server's build has just made or found in the
+    cache: one warm-up for the run, where each client would otherwise build its own on its task (a different
+    cache key)."""
+    from groupwise.models.load import warm_start_dir
 
-    return str(ensure_warm_start(m.path.split(":", 1)[1], task, m))
+    path = warm_start_dir(run.model, task)
+    return None if path is None else str(path)
 
 
 class Client:
