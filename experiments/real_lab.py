@@ -196,6 +196,10 @@ Running table (updated as runs finish; done / left):
 - RESUMED 2026-12-07 18:17 on fdaf1aa (main: the update's sampled-token log-probs in chunks, ``forward.token_logprobs``,
   the same update bitwise and 1.15x faster; docs/benchmarks.md): DRE seed 0 (its FINAL_K eval, from the start) and
   ``grpo_int8`` seed 0 (from its step-31 save), then the queue. Runs and evals from here on use it.
+- WRITTEN 2026-12-07 (before any run; smoked, the comment at ARMS): FGRPO and its control FedAvg, two non-IID
+  clients (chains of 2-5 and of 6-9 terms), GRPO's samples in 60 local steps of 4 x 8 per client. Until today each
+  client of a pretrained model would have built its own ~20-minute format warm-up (its task keyed its own cache
+  entry); the clients now share the base task's (``models.load.warm_start_dir``). Queued after the sixteen's arms.
 - DONE 2026-12-07 18:57: DRE seed 0 (one seed; ``--report-only --arms grpo dre --seeds 0``): the re-check written in
   0.008 of answers (GRPO 0.999), correct answers 39.6 tokens (GRPO 53.0), pass@1 0.340 against GRPO's 0.348, paired
   -0.008 +- 0.012 (its expectation: NO DIFFERENCE, the re-check dropped); pass@16 0.655 (GRPO 0.610).
@@ -214,9 +218,9 @@ Running table (updated as runs finish; done / left):
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
   a GRPO run's age-1 drift first: at tau 1e-3 it replays nothing), GARL, PAFT, OPSD, DASH-OPSD, RLCSD, DistIL,
-  RREDCoT, DASH drift, LamPO, PivotTrace, GraphPO, Agon. Not arms yet: think modes (the mode tokens are 3 tokens
-  each in SmolLM2's tokenizer, and nothing in the warm-up teaches the modes), FGRPO (each client would build its
-  own ~20-minute warm-up: the federated driver shares one only for embedded models).
+  RREDCoT, DASH drift, LamPO, PivotTrace, GraphPO, Agon, and (since 2026-12-07) FGRPO with FedAvg. Not an arm yet:
+  think modes (the mode tokens are 3 tokens each in SmolLM2's tokenizer, and nothing in the warm-up teaches the
+  modes). (FGRPO was not one until its clients shared the warm-up: each would have built its own, ~20 minutes.)
 - WRITTEN, NOT RUN: the transfer check, ``--transfer RUN...`` (TRANSFER: two-digit operands, 2-5 terms, never
   trained on; each run's last checkpoint against its seed's step-0 policy, 200 problems x 4 + greedy, ~10 min an
   eval). The held-out ``plain`` form is in every eval already.
@@ -254,6 +258,17 @@ ARM_EVAL = ["eval.before=false", "eval.after=false", "eval.every=0"]
 FINAL_K, PASS_KS = 16, (1, 2, 4, 8, 16)
 STEP0_KEYS = ("seed", "model", "task", "rollout.generator", "rollout.max_completion_tokens", "trainer.threads",
               "eval.n_problems", "eval.temperature", "eval.greedy", "eval.max_completion_tokens", "eval.forced_prefix")
+
+
+def _fed(aggregation: str) -> str:
+    """FGRPO's driver with two clients, the lab's chains of 2-5 and of 6-9 terms (the FGRPO arm's comment)."""
+    def client(lo: int, hi: int) -> str:
+        return (f"{{task: {{dataset_args: {{min_terms: {lo}, max_terms: {hi}, min_digits: 1, max_digits: 1, "
+                f"operators: ['+', '-'], allow_negation: false, allow_parentheses: false}}}}}}")
+    return (f"driver={{name: fgrpo, aggregation: {aggregation}, local_steps: 5, score: train, "
+            f"clients: [{client(2, 5)}, {client(6, 9)}]}}")
+
+
 # The arms: the two baselines, then one arm per method (issue 44), each the dotted overrides that turn RECIPE into
 # the method, adapted from its lab recipe (recipes/<method>_lab.yaml). Beside each: every choice and why, then what
 # its smoke showed (2 steps of 2 prompts x 8 samples on one thread, 2026-12-06; in most smokes step 1 had one group
@@ -438,6 +453,19 @@ ARMS = {
     # the same tokens (more if it favours the longer chains) and should train more rows. Smoke (4c73082, min_groups 1,
     # 3 steps of 3 prompts x 8, beside two runs): zero-variance groups 1/3, 1/3, 2/3; step 3 skipped one candidate.
     "grpo_informative": ["select={name: informative, key: difficulty, max_skip: 0.9, decay: 0.1, min_groups: 4}"],
+    # FGRPO (written 2026-12-07, before its runs): two non-IID clients, the lab's easy and hard halves (chains of 2-5
+    # and of 6-9 terms; every other task setting the recipe's; client k's seed is seed + 1009 k), sharing the lab's
+    # format warm-up (models.load.warm_start_dir) and each training the recipe's LoRA adapter, E = 5 local steps a
+    # round. Equal samples to GRPO: 60 local steps of 4 prompts x 8 per client (2 x 60 x 32 = GRPO's 60 x 64), so 12
+    # rounds. score: train (a client's mean training reward over its round): the spec's heldout score would generate
+    # 2 x 32 more problems a round. FedAvg on the same clients is its control (CONTROL): the aggregation is the only
+    # difference. The FINAL_K eval is of the global model on the recipe's held-out set (both halves); "hard" (7-9
+    # terms) is the hard client's. Smoke (2 local steps of 2 prompts x 8 per client, E = 1, beside two runs): no
+    # warm-up built (the lab's cached one shared), client training reward 1.0 / 0.94 (easy) and 0.19 / 0.13 (hard),
+    # round-2 weights 0.89 / 0.11 (FGRPO's relative gains); 2 min 8 s, peak RSS 4.5 GB (three pipelines: the
+    # server's and two clients'); the FINAL_K eval loads its last checkpoint (a LoRA adapter over the warm start).
+    "fgrpo": [_fed("fgrpo"), "rollout.prompts_per_step=4"],
+    "fedavg": [_fed("fedavg"), "rollout.prompts_per_step=4"],
     "agon": ["driver={name: agon, mode: competitive, rotate_roles: true, players: lora, rival_weight: 1.0, "
              "summary: running_totals}",
              "reward.terms=[{name: correctness, weight: 2.0}, {name: format, weight: 0.5}]",
@@ -448,13 +476,6 @@ ARMS = {
     #   writes mode-tagged traces for its warm-up (`modes: true`), the gym task and its warm-up have none. It needs
     #   multi-token mode prefixes in the think_modes builder plus mode-tagged reference traces (NoThink: the boxed
     #   answer alone; Short: the running totals without the re-check; Long: with it) in the task and the warm-up.
-    # - FGRPO: until 2026-12-07 every client with its own task settings (the non-IID split, e.g. chains of 2-5 and
-    #   of 6-9 terms) got its own format warm-up (~20 min and ~13 GB peak each: the warm start's key holds the task
-    #   config); since then the clients share the base task's, the lab's cached one (``models.load.warm_start_dir``,
-    #   tests/unit/models/test_pretrained_warm_start.py). Left: the clients are full pipelines in one process beside
-    #   the server's (one pipeline peaks at ~8.4 GB on this recipe, transiently; three models resident), not yet
-    #   measured, so not smoked beside the two lanes of this 24 GB machine. The arm to write: 2 clients (2-5 and 6-9
-    #   terms), 30 local steps each (GRPO's 60 steps of samples), E = 5, against FedAvg on the same clients.
 }
 # HDR's tau, set before the HDR runs by a rule fixed here (2026-12-06, before the calibration ran): HDR with no gate
 # (tau .inf, otherwise the arm's settings) for 10 steps on seed 9 (no arm's seed), no eval; tau = the median over its
@@ -524,6 +545,10 @@ EXPECT = {
              "their gradient; with ~0.03 nats/token of entropy few tokens are clipped here)",
     "gmpo": "pass@1 NO DIFFERENCE against grpo_2ep (its claim is stability: fewer extreme ratios)",
     "maxrl": "pass@16 and hard BETTER, pass@1 NO DIFFERENCE (it weighs a success by ~1/p: hard problems count more)",
+    "fgrpo": "pass@1 and hard NO DIFFERENCE against fedavg (the toy lab: FGRPO = FedAvg within noise, its weights near "
+             "one-hot on one client); both below GRPO on pass@1 (each client's adapter drifts towards its half between "
+             "aggregations)",
+    "fedavg": "control for fgrpo: pass@1 at most GRPO's",
     "grpo_int8": "pass@1 NO DIFFERENCE (the correction absorbs the sampler's error), at ~0.6-0.7x GRPO's step time; if "
                  "WORSE, the lever stays off and docs/benchmarks.md says so",
     "grpo_informative": "zero-variance share of its groups lower than GRPO's (below 45% against 54-55%) and more rows "
@@ -531,7 +556,7 @@ EXPECT = {
                         "WORSE; if pass@1 is WORSE, the lever stays off and docs/benchmarks.md says so",
 }
 # The arm each method arm is paired against (same seed) where it is not GRPO.
-CONTROL = {"gspo": "grpo_2ep", "cispo": "grpo_2ep", "gmpo": "grpo_2ep"}
+CONTROL = {"gspo": "grpo_2ep", "cispo": "grpo_2ep", "gmpo": "grpo_2ep", "fgrpo": "fedavg"}
 TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
 
 
