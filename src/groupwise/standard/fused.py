@@ -321,8 +321,9 @@ def _plain_head(lm: torch.nn.Module) -> bool:
 def _head(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     """``F.linear(x, w, b)`` for the LM head, ``HEAD_ROWS`` rows of ``w`` at a time, each block's product written
     into its columns of one [B, V] output. Every logit is the same dot product over the hidden size, so the result
-    is the single call's wherever the BLAS kernel sums a block's columns as it sums the whole (bitwise on this CPU,
-    tests/unit/rollout/test_fused_decode.py); the blocks only change how the [B, V] product walks memory. On
+    is the single call's wherever the BLAS kernel sums a block's columns as it sums the whole (bitwise on this CPU in
+    float32 and bfloat16, 1-128 rows; ``benchmarks/decode_paths.py --head-cost`` checks it, the tests pin it to
+    rounding); the blocks only change how the [B, V] product walks memory. On
     SmolLM2-135M's head (576 -> 49,152) at 64 rows, one thread, the single call ran at ~49 GFLOP/s and the blocks at
     ~60-70 (docs/benchmarks.md, "Lever: the decode's LM head in blocks")."""
     out = x.new_empty(x.shape[0], w.shape[0])
