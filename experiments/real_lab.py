@@ -192,7 +192,7 @@ Running table (updated as runs finish; done / left):
   FINAL_K eval had just begun (no chunk written; it starts over); ``grpo_int8`` seed 0 saved at step 31. Queue, in
   order (``lanes-queue.txt``): dre 0, grpo_int8 0, grpo 2, garl 0, lampo 0, grpo_informative 0, then as before. The
   archive holds the running and killed runs' partial files as they stood (grpo-s2, dre-s0, grpo_int8-s0); the
-  OOM-killed GARL / LamPO seed-0 starts are not committed.
+  OOM-killed GARL / LamPO seed-0 starts (empty) were archived at 18:57 and are replaced when those runs start again.
 - RESUMED 2026-12-07 18:17 on fdaf1aa (main: the update's sampled-token log-probs in chunks, ``forward.token_logprobs``,
   the same update bitwise and 1.15x faster; docs/benchmarks.md): DRE seed 0 (its FINAL_K eval, from the start) and
   ``grpo_int8`` seed 0 (from its step-31 save), then the queue. Runs and evals from here on use it.
@@ -203,6 +203,10 @@ Running table (updated as runs finish; done / left):
 - DONE 2026-12-07 18:57: DRE seed 0 (one seed; ``--report-only --arms grpo dre --seeds 0``): the re-check written in
   0.008 of answers (GRPO 0.999), correct answers 39.6 tokens (GRPO 53.0), pass@1 0.340 against GRPO's 0.348, paired
   -0.008 +- 0.012 (its expectation: NO DIFFERENCE, the re-check dropped); pass@16 0.655 (GRPO 0.610).
+- DONE 2026-12-07 19:25: ``grpo_int8`` seed 0 (issue 45's int8 sampler + token_truncate; one seed): pass@1 0.323
+  against GRPO's 0.348, paired -0.024 +- 0.012 (its expectation: NO DIFFERENCE; "if WORSE, the lever stays off"),
+  +0.008 +- 0.012 over its step 0 (GRPO +0.033); training reward flat (0.325 -> 0.330; GRPO 0.339 -> 0.420), 63%
+  zero-variance groups (GRPO 54%), mismatch/kl 0.004-0.009 with no trend. Seeds 1-2 queued.
 - ENGINE 2026-12-07 18:57 (d4c0bbb): the lanes' checkout moved to main with the fused decode's LM head in blocks
   (bitwise the single product on this CPU: runs are unchanged); the lanes were restarted around their running jobs
   (exit status of dre-s0 and grpo_int8-s0 not seen by the new lanes; both wrote their records). The queue gained
