@@ -64,7 +64,9 @@ class HFConfig:
     the prefill records), all else float32 (the prefill, KV buffer and attention included). Decode 1.5-1.9x faster
     than ``model`` on SmolLM2 on an AVX512-VNNI CPU, at 4.5-30x bf16's mismatch (``mismatch/kl`` 3e-3 to 1.4e-2 a
     token; docs/benchmarks.md): pair it with ``loss.importance_sampling``; refused as ``bf16`` is, and on another
-    device."""
+    device. In the one real-model run so far (the real-model lab, seed 0, with ``token_truncate``) GRPO learned less
+    than with ``model``: held-out pass@1 -0.024 +- 0.012 against GRPO's run, its training reward flat
+    (docs/benchmarks.md, "Lever: int8 generation")."""
     sampler: Literal["race", "multinomial"] = "race"
     """How a token is drawn from the temperature-scaled (top-p filtered) distribution: ``race``, the exponential
     race of ``sample_rows`` (float32 uniforms; ~3.6x cheaper than ``multinomial`` over a 49k vocabulary), or
