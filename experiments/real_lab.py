@@ -207,6 +207,11 @@ Running table (updated as runs finish; done / left):
   against GRPO's 0.348, paired -0.024 +- 0.012 (its expectation: NO DIFFERENCE; "if WORSE, the lever stays off"),
   +0.008 +- 0.012 over its step 0 (GRPO +0.033); training reward flat (0.325 -> 0.330; GRPO 0.339 -> 0.420), 63%
   zero-variance groups (GRPO 54%), mismatch/kl 0.004-0.009 with no trend. Seeds 1-2 queued.
+- PARTLY DONE 2026-12-07 20:11: the transfer check of GRPO seed 0 (``--transfer experiments/out/real_lab/grpo-s0``;
+  chains of 2-5 two-digit operands, 200 problems x 4 + greedy, the four forms): mean@4 0.087 -> 0.089, paired
+  +0.001 +- 0.010; greedy 0.090 -> 0.120 (7 up / 1 down); the held-out plain form 0.005 -> 0.005. Nothing of GRPO's
+  gain carries to two-digit operands in sampling, a little in greedy. The lane job then stopped in ``cells`` (its
+  7-9-term cell had no problem on this set: fixed, NaN there now), before seed 1's two evals: requeued.
 - ENGINE 2026-12-07 18:57 (d4c0bbb): the lanes' checkout moved to main with the fused decode's LM head in blocks
   (bitwise the single product on this CPU: runs are unchanged); the lanes were restarted around their running jobs
   (exit status of dre-s0 and grpo_int8-s0 not seen by the new lanes; both wrote their records). The queue gained
@@ -225,9 +230,9 @@ Running table (updated as runs finish; done / left):
   RREDCoT, DASH drift, LamPO, PivotTrace, GraphPO, Agon, and (since 2026-12-07) FGRPO with FedAvg. Not an arm yet:
   think modes (the mode tokens are 3 tokens each in SmolLM2's tokenizer, and nothing in the warm-up teaches the
   modes). (FGRPO was not one until its clients shared the warm-up: each would have built its own, ~20 minutes.)
-- WRITTEN, NOT RUN: the transfer check, ``--transfer RUN...`` (TRANSFER: two-digit operands, 2-5 terms, never
-  trained on; each run's last checkpoint against its seed's step-0 policy, 200 problems x 4 + greedy, ~10 min an
-  eval). The held-out ``plain`` form is in every eval already.
+- WRITTEN, run for GRPO seed 0 (above; seed 1 requeued): the transfer check, ``--transfer RUN...`` (TRANSFER:
+  two-digit operands, 2-5 terms, never trained on; each run's last checkpoint against its seed's step-0 policy, 200
+  problems x 4 + greedy, ~10 min an eval). The held-out ``plain`` form is in every eval already.
 """
 
 from __future__ import annotations
@@ -817,17 +822,21 @@ def cells(recs: list[dict]) -> dict[str, float]:
     n = min(len(v) for v in by.values())
     out = {f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by.values()) for k in PASS_KS if k <= n}
     boxed = [r for r in sampled if r["format"]]
-    right = [r["length"] for r in sampled if r["correct"]]
-    out |= {"greedy": statistics.fmean(r["correct"] for r in recs if r["greedy"]),
+
+    def mean(xs) -> float:  # NaN where an eval has none (the TRANSFER set has no chain of 7+ terms)
+        xs = list(xs)
+        return statistics.fmean(xs) if xs else float("nan")
+
+    out |= {"greedy": mean(r["correct"] for r in recs if r["greedy"]),
             "boxed": len(boxed) / len(sampled),
             "acc_boxed": statistics.fmean(r["correct"] for r in boxed) if boxed else 0.0,
-            "tokens": statistics.fmean(r["length"] for r in sampled),
-            "tokens_correct": statistics.fmean(right) if right else float("nan"),
-            "check": statistics.fmean("Check" in r["text"] for r in sampled),
-            "hard": statistics.fmean(r["correct"] for r in sampled if r["difficulty"] >= 7),
-            "drift": statistics.fmean(drifted(r) for r in sampled),
-            "plain": statistics.fmean(r["correct"] for r in sampled if r["form"] == "plain"),
-            "train_forms": statistics.fmean(r["correct"] for r in sampled if r["form"] != "plain")}
+            "tokens": mean(r["length"] for r in sampled),
+            "tokens_correct": mean(r["length"] for r in sampled if r["correct"]),
+            "check": mean("Check" in r["text"] for r in sampled),
+            "hard": mean(r["correct"] for r in sampled if r["difficulty"] >= 7),
+            "drift": mean(drifted(r) for r in sampled),
+            "plain": mean(r["correct"] for r in sampled if r["form"] == "plain"),
+            "train_forms": mean(r["correct"] for r in sampled if r["form"] != "plain")}
     return out
 
 
@@ -836,16 +845,16 @@ def transfer(runs: list[Path], n: int, out_dir: Path) -> str:
     (records in ``out_dir/transfer/``): the table of mean@k, greedy and the paired change from step 0."""
     lines = [f"Transfer: {n} held-out chains of {TRANSFER['min_terms']}-{TRANSFER['max_terms']} two-digit operands "
              "(never trained on), the four forms\n\n| run | mean@k step 0 -> last | paired change ± SE | greedy step "
-             "0 -> last | plain form mean@k |\n|---|---|---|---|---|\n"]
+             "0 -> last | greedy up / down | plain form mean@k |\n|---|---|---|---|---|---|\n"]
     k = 4
     for d in runs:
         s = harness.seed_of(d)
         before = policy_eval(out_dir / "transfer" / f"step0-s{s}.jsonl", s, None, k, TRANSFER, n)
         after = policy_eval(out_dir / "transfer" / f"{d.name}.jsonl", s, d, k, TRANSFER, n)
-        gain, se, _, _ = paired(after, before)
+        gain, se, up, down = paired(after, before)
         b, a = cells(before), cells(after)
         lines.append(f"| {d.name} | {b['pass@1']:.3f} -> {a['pass@1']:.3f} | {gain:+.3f} ± {se:.3f} | "
-                     f"{b['greedy']:.3f} -> {a['greedy']:.3f} | {a['plain']:.3f} |\n")
+                     f"{b['greedy']:.3f} -> {a['greedy']:.3f} | {up} / {down} | {a['plain']:.3f} |\n")
     return "".join(lines)
 
 
