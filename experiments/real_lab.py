@@ -212,6 +212,11 @@ Running table (updated as runs finish; done / left):
   +0.001 +- 0.010; greedy 0.090 -> 0.120 (7 up / 1 down); the held-out plain form 0.005 -> 0.005. Nothing of GRPO's
   gain carries to two-digit operands in sampling, a little in greedy. The lane job then stopped in ``cells`` (its
   7-9-term cell had no problem on this set: fixed, NaN there now), before seed 1's two evals: requeued.
+- STOPPED at the session's end (2026-12-07 20:47, SIGTERM): GRPO seed 2 trained all 60 steps, in-run mean@4 0.319
+  -> 0.339 -> 0.347, greedy 0.400 -> 0.425 -> 0.365 (steps 0 / 30 / 60); its FINAL_K eval (run, then its step 0)
+  had just begun (no chunk written). GARL seed 0 (its rerun) saved at step 31. Queue (``lanes-queue.txt``): grpo 2,
+  garl 0, lampo 0, grpo_informative 0, the transfer check of GRPO seeds 0-1 (seed 0's records are reused), then as
+  before, FGRPO / FedAvg before the peers' arms. The lanes' checkout is at e56fb6e.
 - ENGINE 2026-12-07 18:57 (d4c0bbb): the lanes' checkout moved to main with the fused decode's LM head in blocks
   (bitwise the single product on this CPU: runs are unchanged); the lanes were restarted around their running jobs
   (exit status of dre-s0 and grpo_int8-s0 not seen by the new lanes; both wrote their records). The queue gained
