@@ -46,12 +46,14 @@ the generator's fp32 log-probs (what ``mismatch/*`` logs), and the relative erro
 the flattened gradient (``optim.grad_clip=0``), next to the fp32 gradient's own reordering noise (the same update
 with ``optim.shared_prefix`` off).
 
-``padding``: for each run directory given (its ``resolved_config.yaml`` and ``rollouts.jsonl[.gz]``: every step's
-groups, ``trainer.record_groups`` at its default), the rows the update trained (non-zero advantage, not dropped),
-their prompts re-encoded from the run's own task and config, planned into micro-batches as the update plans them
+``padding``: for each run directory given (its ``resolved_config.yaml`` and ``rollouts.jsonl[.gz]``), the trained
+rows (non-zero advantage, not dropped) of the groups the run recorded: ``trainer.record_groups`` per kind and step,
+2 at its default, so a sample of a step's trained groups, not all of them. Their prompts re-encoded from the run's
+own task and config, each step's recorded rows planned into micro-batches as the update would plan them alone
 (``plan_micro_batches``); reported: the completion positions computed per real completion token with one call per
-micro-batch (what the update does), and the bound if each micro-batch's completions ran in the two calls by length
-that pad least (the k longest rows at the longest width, the rest at theirs).
+micro-batch, and the bound if each micro-batch's completions ran in the two calls by length that pad least (the k
+longest rows at the longest width, the rest at theirs). An estimate of the update's padding: its own micro-batches
+hold all of a step's trained rows.
 
 ``update``: the same code measured against another checkout of it (``--against``: its ``src`` is imported instead
 of this one's), for an exact lever in the update. Each process samples ``--groups`` x the recipe's group size
@@ -362,12 +364,13 @@ def padding_main(a) -> dict:
         gz = run / "rollouts.jsonl.gz"
         with gzip.open(gz, "rt") if gz.exists() else (run / "rollouts.jsonl").open() as f:
             records = f.read().splitlines()
-        real = one = two = 0
+        real = one = two = groups = 0
         for line in records:
             samples = []
             for g in json.loads(line)["groups"]:
                 if g["kind"] != "trained":
                     continue
+                groups += 1
                 ids = p.encode(by_id[g["problem"]["id"]])
                 for x in g["samples"]:
                     if x.get("dropped") or x.get("filtered") or not x.get("advantage"):
@@ -381,8 +384,10 @@ def padding_main(a) -> dict:
                 real, one = real + sum(ls), one + len(ls) * max(ls)
                 top = sorted(ls, reverse=True)  # the best two calls: the k longest at the longest width, the rest
                 two += min([len(top) * top[0]] + [k * top[0] + (len(top) - k) * top[k] for k in range(1, len(top))])
-        out[str(run)] = {"real": real, "one_call": one / real, "split": two / real}
-        lines.append(f"{run}: {real} tokens; {one / real:.3f} -> {two / real:.3f}")
+        out[str(run)] = {"real": real, "one_call": one / real, "split": two / real, "groups": groups,
+                         "steps": len(records)}
+        lines.append(f"{run}: {groups} recorded trained groups over {len(records)} steps, {real} tokens; "
+                     f"{one / real:.3f} -> {two / real:.3f}")
     print("\n".join(lines))
     return {"runs": out, "table": lines}
 
