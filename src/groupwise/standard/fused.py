@@ -21,7 +21,7 @@ the same function with
 Everything that carries a model's own numerics is the model's own module, called as is: the embedding, every
 RMSNorm (Qwen3's per-head q/k norms included), the rotary embedding (so scaled RoPE variants work), the final
 norm and an adapted, ``modules_to_save`` or hooked LM head. A plain ``nn.Linear`` head (tied or not) is its own weight
-in blocks of ``HEAD_ROWS`` vocabulary rows (``_head``: the same dot products; 1.2-1.4x faster than one call over
+in blocks of ``HEAD_ROWS`` vocabulary rows (``_head``: the same dot products; 1.14-1.30x faster than one call over
 SmolLM2's 49,152 rows on this CPU). The prefill is the model's own forward
 (``forward.prefill_distinct``, one pass per distinct prompt); its cache is the prompts' keys. Outputs equal the
 model's decode up to float summation order (the fused GEMMs add the same products in another order, and the
@@ -322,10 +322,11 @@ def _head(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     """``F.linear(x, w, b)`` for the LM head, ``HEAD_ROWS`` rows of ``w`` at a time, each block's product written
     into its columns of one [B, V] output. Every logit is the same dot product over the hidden size, so the result
     is the single call's wherever the BLAS kernel sums a block's columns as it sums the whole (bitwise on this CPU in
-    float32 and bfloat16, 1-128 rows; ``benchmarks/decode_paths.py --head-cost`` checks it, the tests pin it to
-    rounding); the blocks only change how the [B, V] product walks memory. On
-    SmolLM2-135M's head (576 -> 49,152) at 64 rows, one thread, the single call ran at ~49 GFLOP/s and the blocks at
-    ~60-70 (docs/benchmarks.md, "Lever: the decode's LM head in blocks")."""
+    float32 at the row counts ``benchmarks/decode_paths.py --head-cost`` checks, and in a check of bfloat16 and 1-128
+    rows not kept; the tests pin it to rounding); the blocks only change how the [B, V] product walks memory. On
+    SmolLM2-135M's head (576 -> 49,152) at 64 rows, one thread, after a decode step's other GEMMs: the single call
+    67.4 ms, the blocks 52.0 ms (``decode_paths.py --head-cost``; docs/benchmarks.md, "Lever: the decode's LM head
+    in blocks")."""
     out = x.new_empty(x.shape[0], w.shape[0])
     for i in range(0, w.shape[0], HEAD_ROWS):
         o, wi = out[:, i:i + HEAD_ROWS], w[i:i + HEAD_ROWS].t()
