@@ -217,6 +217,17 @@ Running table (updated as runs finish; done / left):
   had just begun (no chunk written). GARL seed 0 (its rerun) saved at step 31. Queue (``lanes-queue.txt``): grpo 2,
   garl 0, lampo 0, grpo_informative 0, the transfer check of GRPO seeds 0-1 (seed 0's records are reused), then as
   before, FGRPO / FedAvg before the peers' arms. The lanes' checkout is at e56fb6e.
+- RESUMED 2026-12-07 21:14 on 70910a1 (main): GRPO seed 2 (its FINAL_K eval, from the start) and GARL seed 0 (from
+  its step-31 save), then the queue.
+- WRITTEN 2026-12-07 21:50 (before any run; the comment at ARMS): adaptive think modes as an arm, ``think_modes``,
+  against its control ``think_lg`` (GRPO forced to <LG>), both on their own warm start (FAMILY ``modes``: the task's
+  ``modes: true`` tags the warm-up traces <NT> / <SH> / <LG>) and paired against its step 0 (``step0-modes-s<seed>``).
+  What it took in the library: multi-token tags in the think_modes builder (``tag_tokens``; this tokenizer spells
+  each tag in three tokens) and mode-tagged warm-up traces in the reasoning_gym task. Smoke (2 warm-up steps, 3 steps
+  of 2 x 8, the first forced, beside two lanes): forced tags prefilled whole (3 tokens, untrained), 44% of forced
+  rows over their cap, then every phase-1 sample invalid (2 warm-up steps teach no tag: the real warm-up has 60);
+  6.1 GB peak, 2 min 20 s. Expectation (EXPECT) written before the runs. Queued: think_modes 0 after LamPO seed 0
+  (it builds the modes warm-up, ~20-40 min), think_lg 0 after grpo_informative 0, seeds 1-2 after the DRE seeds.
 - ENGINE 2026-12-07 18:57 (d4c0bbb): the lanes' checkout moved to main with the fused decode's LM head in blocks
   (bitwise the single product on this CPU: runs are unchanged); the lanes were restarted around their running jobs
   (exit status of dre-s0 and grpo_int8-s0 not seen by the new lanes; both wrote their records). The queue gained
@@ -232,9 +243,9 @@ Running table (updated as runs finish; done / left):
 - LEFT: the method arms in ``ARMS`` (each written and smoked on this model; the comments say what each smoke
   showed), 3 seeds each: QLPO, ACOER, the all-answer length penalty, DRE, HDR and FIFO replay (calibrate HDR's tau on
   a GRPO run's age-1 drift first: at tau 1e-3 it replays nothing), GARL, PAFT, OPSD, DASH-OPSD, RLCSD, DistIL,
-  RREDCoT, DASH drift, LamPO, PivotTrace, GraphPO, Agon, and (since 2026-12-07) FGRPO with FedAvg. Not an arm yet:
-  think modes (the mode tokens are 3 tokens each in SmolLM2's tokenizer, and nothing in the warm-up teaches the
-  modes). (FGRPO was not one until its clients shared the warm-up: each would have built its own, ~20 minutes.)
+  RREDCoT, DASH drift, LamPO, PivotTrace, GraphPO, Agon, and (since 2026-12-07) FGRPO with FedAvg and think modes
+  with think_lg. (FGRPO was not one until its clients shared the warm-up: each would have built its own, ~20
+  minutes; think modes until the builder took multi-token tags and the task wrote mode-tagged warm-up traces.)
 - WRITTEN, run for GRPO seed 0 (above; seed 1 requeued): the transfer check, ``--transfer RUN...`` (TRANSFER:
   two-digit operands, 2-5 terms, never trained on; each run's last checkpoint against its seed's step-0 policy, 200
   problems x 4 + greedy, ~10 min an eval). The held-out ``plain`` form is in every eval already.
@@ -484,13 +495,30 @@ ARMS = {
              "summary: running_totals}",
              "reward.terms=[{name: correctness, weight: 2.0}, {name: format, weight: 0.5}]",
              "rollout.prompts_per_step=4"],
-    # Not here:
-    # - think modes: the mode is the first completion token, one of <NT> / <SH> / <LG>, which this tokenizer splits
-    #   into three tokens each (unknown as single tokens: id 0), and nothing here teaches the modes: the lab task
-    #   writes mode-tagged traces for its warm-up (`modes: true`), the gym task and its warm-up have none. It needs
-    #   multi-token mode prefixes in the think_modes builder plus mode-tagged reference traces (NoThink: the boxed
-    #   answer alone; Short: the running totals without the re-check; Long: with it) in the task and the warm-up.
+    # Adaptive think modes (written 2026-12-07, before any of its runs). This tokenizer spells each tag in three
+    # tokens ('<', 'NT', '>': the builder's multi-token tags, tag_tokens 3), and the warm-up must teach the modes, so
+    # the arm has its own warm start: the task's `modes: true` tags each warm-up trace with a mode drawn uniformly,
+    # <NT> the answer alone, <SH> two operations a sentence, <LG> the recipe's trace (one a sentence, the re-check).
+    # Tokens after the tag (EOS included), 3,000 warm-up traces: <NT> 11.5-12.0 (max 13) at every length; <SH> 21.0
+    # at 2 terms -> 64.0 at 9 (max 69); <LG> 32.4 -> 104.4 (max 114). Caps: NT 16 and SH 80 (each admits its own
+    # traces at every length: the choice is accuracy against length, not the cap), LG the global 125. The paper's
+    # optimisation (dr_grpo, mode_balance 0.1) and the cap-anchored reward (a correct NT answer of 12 tokens earns
+    # 1.5^(1 - 12/16) = 1.107, SH 1.179 at 2 terms and 1.046 at 9, LG 1). Forced thirds for the first 10 of 60 steps
+    # (the spec's 45 of 600 is 7.5%; the lab recipe forces 10 of 100; 10 leaves 50 steps of routing). Its control is
+    # the spec's "GRPO forced to <LG>" on the same warm start (think_lg: one mode, always forced, reward 1 when correct,
+    # no balance term; tests/unit/rollout/test_think_modes.py pins that this is plain GRPO on <LG>), so both arms'
+    # step 0 is the modes warm start (FAMILY), not GRPO's. Its eval samples freely (no tag is forced and no mode's cap
+    # applied: 128 tokens for every mode), and report() reads each completion's tag.
+    "think_modes": ["task.modes=true", "rollout.builder={name: think_modes, cap_nt: 16, cap_sh: 80, cap_lg: 0, "
+                    "warmup_steps: 10, tag_tokens: 3}", "reward.terms=[{name: think_mode}]", "advantage=dr_grpo",
+                    "advantage_transforms=[{name: mode_balance, coef: 0.1}]"],
+    "think_lg": ["task.modes=true", "rollout.builder={name: think_modes, modes: [<LG>], tag_tokens: 3}",
+                 "reward.terms=[{name: think_mode}]", "advantage=dr_grpo"],
 }
+# An arm whose step-0 policy is not RECIPE's: its family's overrides on RECIPE (the arms of a family share a warm start
+# and are paired against their family's step 0 and control).
+FAMILY = {"think_modes": "modes", "think_lg": "modes"}
+FAMILY_BASE = {"modes": ["task.modes=true"]}
 # HDR's tau, set before the HDR runs by a rule fixed here (2026-12-06, before the calibration ran): HDR with no gate
 # (tau .inf, otherwise the arm's settings) for 10 steps on seed 9 (no arm's seed), no eval; tau = the median over its
 # steps of the mean drift of the age-1 groups it scanned (replay/drift_scanned_age1). So about half the groups one
@@ -568,9 +596,15 @@ EXPECT = {
     "grpo_informative": "zero-variance share of its groups lower than GRPO's (below 45% against 54-55%) and more rows "
                         "trained per step, at about GRPO's generated tokens; pass@1 NO DIFFERENCE or BETTER, hard not "
                         "WORSE; if pass@1 is WORSE, the lever stays off and docs/benchmarks.md says so",
+    "think_modes": "tokens at least 30% below think_lg's (the spec's pass line; a third of the warm-up's answers are "
+                   "<NT>), pass@1 WORSE than think_lg by more than 2 points (an <NT> answer is a guess beyond ~3 "
+                   "terms, and 50 steps of routing are few), the <NT> share falling and the <LG> share rising with "
+                   "the number of terms, mode entropy above 0.8 ln 3 (no collapse)",
+    "think_lg": "control for think_modes (GRPO forced to <LG> on the modes warm start, dr_grpo)",
 }
-# The arm each method arm is paired against (same seed) where it is not GRPO.
-CONTROL = {"gspo": "grpo_2ep", "cispo": "grpo_2ep", "gmpo": "grpo_2ep", "fgrpo": "fedavg"}
+# The arm each method arm is paired against (same seed) where it is not GRPO (None: none; a family's own baseline).
+CONTROL = {"gspo": "grpo_2ep", "cispo": "grpo_2ep", "gmpo": "grpo_2ep", "fgrpo": "fedavg", "think_modes": "think_lg",
+           "think_lg": None}
 TEACHER_CONTEXT = "{prompt}\n(For reference, the correct final answer is {answer}.)"
 
 
@@ -740,8 +774,9 @@ EVAL_CHUNK = 40  # problems per eval chunk: a stopped eval (a session's end) res
 
 
 def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict | None = None,
-                n: int = 0) -> list[dict]:
-    """The eval records of ``run``'s last checkpoint (None: the step-0 policy of ``seed``, RECIPE at that seed), ``k``
+                n: int = 0, base: tuple[str, ...] = ()) -> list[dict]:
+    """The eval records of ``run``'s last checkpoint (None: the step-0 policy of ``seed``, RECIPE with ``base`` at that
+    seed), ``k``
     samples at T = 1 + greedy on the recipe's held-out problems (``task_args``: on the task with those dataset_args
     instead, ``n`` problems), kept at ``path``. Evaluated in chunks of EVAL_CHUNK problems, chunk c drawn with eval
     seed ``1000 * seed + c`` (the same draws for every policy of a seed), each kept in its own file as it finishes:
@@ -756,7 +791,7 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
         from groupwise.registry import BuildEnv
 
         fixed = [f"eval.k={k}", "trainer.threads=1", *EVAL_FIXED]
-        cfg = (load(RECIPE, [f"seed={seed}", *fixed]) if run is None else
+        cfg = (load(RECIPE, [f"seed={seed}", *base, *fixed]) if run is None else
                load(run_config(run), [f"model.path={latest_model_dir(run)}", "model.warm_start=false", *fixed]))
         p = build(cfg, train=False)
         problems = p.task.test[:cfg.eval.n_problems]
@@ -781,10 +816,16 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def final_eval(run: Path | None, out_dir: Path, seed: int | None = None) -> list[dict]:
-    """FINAL_K records of ``run``'s last checkpoint, or (run None) of ``seed``'s step-0 policy, in ``out_dir/final``."""
-    name = run.name if run is not None else f"step0-s{seed}"
-    return policy_eval(out_dir / "final" / f"{name}.jsonl", harness.seed_of(run) if run else seed, run, FINAL_K)
+def final_eval(run: Path | None, out_dir: Path, seed: int | None = None, family: str = "") -> list[dict]:
+    """FINAL_K records of ``run``'s last checkpoint, or (run None) of ``seed``'s step-0 policy of ``family`` (FAMILY;
+    "" = RECIPE's), in ``out_dir/final``."""
+    name = run.name if run is not None else step0_name(seed, family)
+    return policy_eval(out_dir / "final" / f"{name}.jsonl", harness.seed_of(run) if run else seed, run, FINAL_K,
+                       base=tuple(FAMILY_BASE.get(family, ())))
+
+
+def step0_name(seed: int, family: str = "") -> str:
+    return f"step0-{family}-s{seed}" if family else f"step0-s{seed}"
 
 
 def per_problem(recs: list[dict]) -> dict[str, float]:
@@ -863,11 +904,6 @@ def transfer(runs: list[Path], n: int, out_dir: Path) -> str:
     return "".join(lines)
 
 
-def step0_base(run: Path) -> Path:
-    """The GRPO run of ``run``'s seed."""
-    return run.parent / f"grpo-s{harness.seed_of(run)}"
-
-
 def check_step0(run: Path, base: Path) -> None:
     """Stops (one line) if ``run`` and ``base`` differ in a setting that decides their evals (STEP0_KEYS)."""
     import yaml
@@ -895,12 +931,13 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     runs = harness.finished(runs)
     have = lambda d: compute or (out_dir / "final" / f"{d.name}.jsonl").exists()  # noqa: E731
     evals = {arm: {d: final_eval(d, out_dir) for d in dirs if have(d)} for arm, dirs in runs.items() if arm != "agon"}
-    seeds = sorted({harness.seed_of(d) for e in evals.values() for d in e})
-    step0 = {s: final_eval(None, out_dir, s) for s in seeds
-             if compute or (out_dir / "final" / f"step0-s{s}.jsonl").exists()}
+    families = {(FAMILY.get(arm, ""), harness.seed_of(d)) for arm, e in evals.items() for d in e}
+    step0 = {(f, s): final_eval(None, out_dir, s, f) for f, s in sorted(families)
+             if compute or (out_dir / "final" / f"{step0_name(s, f)}.jsonl").exists()}
     keys = [*(f"pass@{k}" for k in PASS_KS), "greedy", "boxed", "acc_boxed", "tokens", "tokens_correct", "check",
             "hard", "drift", "plain", "train_forms"]
-    rows = {"step 0": {k: harness.agg([cells(r)[k] for r in step0.values()]) for k in keys}} if step0 else {}
+    rows = {f"step 0{f' ({f})' if f else ''}": {k: harness.agg([cells(r)[k] for (g, _), r in step0.items() if g == f])
+                                                for k in keys} for f in sorted({f for f, _ in step0})}
     rows |= {arm: {k: harness.agg([cells(r)[k] for r in e.values()]) for k in keys} for arm, e in evals.items() if e}
     lines = [f"# {EXPERIMENT}\n\n{STEPS} steps of 8 x 8. Eval after training: 200 held-out problems x {FINAL_K} at "
              "T = 1 + greedy, the four prompt forms (`plain` held out of training; `train_forms` the other three); "
@@ -914,17 +951,17 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     summary: dict[str, list[float]] = defaultdict(list)
     for arm, e in evals.items():
         for d, r in e.items():
-            s = harness.seed_of(d)
+            s, f = harness.seed_of(d), FAMILY.get(arm, "")
             c0 = g = "-"
-            if s in step0:
-                gain, se, up, down = paired(r, step0[s])
+            if (f, s) in step0:
+                gain, se, up, down = paired(r, step0[f, s])
                 c0, g0 = f"{gain:+.3f} ± {se:.3f}", f"{up} / {down} ({fmt_p(mcnemar_p(up, down))})"
             else:
                 g0 = "-"
             gg = "-"
             control = by_arm_seed.get(CONTROL.get(arm, "grpo"), {})
             if arm != "grpo" and s in control:
-                check_step0(d, step0_base(d))
+                check_step0(d, d.parent / f"{CONTROL.get(arm, 'grpo')}-s{s}")
                 gain, se, up, down = paired(r, control[s])
                 summary[arm].append(gain)
                 star = "*" if arm in CONTROL else ""
@@ -947,13 +984,48 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
         for d in runs["agon"]:
             for step in (0, STEPS):
                 m = next(r for r in harness.metrics(d) if r["step"] == step and "eval/solo_a_acc" in r)
-                ref = step0.get(harness.seed_of(d)) if step == 0 else by_seed.get(harness.seed_of(d))
+                ref = step0.get(("", harness.seed_of(d))) if step == 0 else by_seed.get(harness.seed_of(d))
                 gg = f"{cells(ref)['greedy']:.3f}" if ref else "-"
                 lines.append(f"| {d.name} | {step} | " + " | ".join(
                     f"{m[f'eval/{k}_acc']:.3f}" for k in ("solo_a", "solo_b", "cascade_ab", "cascade_ba"))
                     + f" | {gg} |\n")
+    if modes := {name: r for name, r in [*((step0_name(s, f), r) for (f, s), r in step0.items() if f == "modes"),
+                                          *((d.name, r) for arm, e in evals.items() if FAMILY.get(arm) == "modes"
+                                            for d, r in e.items())]}:
+        lines.append(modes_table(modes))
     plots = [harness.plot_curves(runs, ["reward/mean", "rollout/completion_len_mean"], out_dir / "curves.png")]
     harness.write_report(out_dir, lines, plots)
+
+
+BANDS = ((2, 3), (4, 6), (7, 9))  # number of terms: easy, middle, hard
+
+
+def tag(r: dict) -> str:
+    """The mode tag an eval completion starts with ("-" if none)."""
+    return next((m for m in ("<NT>", "<SH>", "<LG>") if r["text"].lstrip().startswith(m)), "-")
+
+
+def modes_table(evals: dict[str, list[dict]]) -> str:
+    """Adaptive think modes' eval (the sampled completions): each tag's share by number of terms, its accuracy, the
+    entropy of the shares over the three tags (ln 3 = 1.099 when even) and the mean tokens of a completion."""
+    head = [f"{m[1:-1]} {lo}-{hi}" for m in ("<NT>", "<LG>") for lo, hi in BANDS]
+    lines = ["\nThink modes: the tag each sampled eval completion starts with (share by number of terms), each tag's "
+             "overall share and accuracy, the entropy of the tag shares (nats; ln 3 = 1.099), tokens:\n\n| policy | "
+             + " | ".join([*head, "share NT / SH / LG / none", "accuracy NT / SH / LG", "entropy", "tokens"])
+             + " |\n|" + "---|" * (len(head) + 5) + "\n"]
+    for name, recs in evals.items():
+        sampled = [r for r in recs if not r["greedy"]]
+        by_band = [[tag(r) for r in sampled if lo <= r["difficulty"] <= hi] for lo, hi in BANDS]
+        shares = {m: sum(tag(r) == m for r in sampled) / len(sampled) for m in ("<NT>", "<SH>", "<LG>", "-")}
+        acc = [statistics.fmean(r["correct"] for r in sampled if tag(r) == m) if shares[m] else float("nan")
+               for m in ("<NT>", "<SH>", "<LG>")]
+        valid = [shares[m] / (1 - shares["-"]) for m in ("<NT>", "<SH>", "<LG>")] if shares["-"] < 1 else []
+        entropy = -sum(x * math.log(x) for x in valid if x > 0)
+        cells_ = [f"{b.count(m) / len(b):.2f}" if b else "-" for m in ("<NT>", "<LG>") for b in by_band]
+        lines.append(f"| {name} | " + " | ".join(cells_) + " | " + " / ".join(f"{v:.2f}" for v in shares.values())
+                     + " | " + " / ".join(f"{a:.2f}" for a in acc) + f" | {entropy:.3f} | "
+                     f"{statistics.fmean(r['length'] for r in sampled):.1f} |\n")
+    return "".join(lines)
 
 
 def overrides(arm: str) -> list[str]:

@@ -11,14 +11,14 @@ reward terms, correct / format flags and ``edited`` (``meta["dre_edited"]``); a 
 reward stage but not after the transforms (QLPO's over-generated ones, or the original of a DRE ``replace``
 edit) is kept next to its group with ``dropped`` True.
 
-Per-token signals, on the rows the update saw: ``advantage`` (after credit), ``loss_weight``, ``teacher_gap``
-(log π_T − log π_θ, only with a teacher: one policy pass and one teacher pass over the recorded rows, after
-the update, through the teacher's inner object so that ``teacher/forwards`` counts training passes only) and
-``mode`` (1 on the mode token of a sample with ``meta["mode"]``) and, when the generator's log-probs are its
-sampling distribution's (not ``fake``), ``sampler_dlogp`` = log q − log π_old (the sampler's log-prob minus the
-trainer's, the δ of ``mismatch/*`` with the sign flipped; from the update's own forward, no extra pass; null on
-rows the update skipped and on tokens the sampler reports no log-prob for), with each sample's
-``sampler_logprobs`` (log q per token, null for forced tokens). Cost per step: ``perf/record_s`` (and
+Per-token signals, on the rows the update saw: ``advantage`` (after credit), ``loss_weight``, ``teacher_gap`` (log
+π_T − log π_θ, only with a teacher: one policy pass and one teacher pass over the recorded rows, after the update,
+through the teacher's inner object so that ``teacher/forwards`` counts training passes only) and ``mode`` (1 on
+the tokens of a sample's mode tag, ``meta["mode_len"]`` of them; all 0 if its tag is invalid) and, when the
+generator's log-probs are its sampling distribution's (not ``fake``), ``sampler_dlogp`` = log q − log π_old (the
+sampler's log-prob minus the trainer's, the δ of ``mismatch/*`` with the sign flipped; from the update's own
+forward, no extra pass; null on rows the update skipped and on tokens the sampler reports no log-prob for), with
+each sample's ``sampler_logprobs`` (log q per token, null for forced tokens). Cost per step: ``perf/record_s`` (and
 ``perf/record_teacher_s``). Lines carry the metrics' step number (``step + 1``); a recorder created with a
 resume step drops the lines after it, as ``log.Logger`` drops metric lines.
 """
@@ -186,7 +186,8 @@ class Recorder:
         if self.trainer_logprobs is not None:
             self._sampler(s, row, out)
         if s.meta.get("mode") is not None and n:
-            sig["mode"] = [1.0] + [0.0] * (n - 1)
+            tag = min(int(s.meta.get("mode_len", 1)), n)
+            sig["mode"] = [1.0] * tag + [0.0] * (n - tag)
         return out
 
     def _sampler(self, s: Sample, row: int | None, out: dict) -> None:

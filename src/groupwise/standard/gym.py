@@ -40,6 +40,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "for example <answer>42</answer>."
 )
 _RESEED_TRIES = 8
+MODES = ("<NT>", "<SH>", "<LG>")  # the think_modes builder's tags
 
 Scalar = bool | int | float | str
 
@@ -127,6 +128,12 @@ class GymConfig:
     ``basic_arithmetic`` without parentheses or ``chain_sum``); an entry of another form is refused.
     ``running_totals_check``: the same with the last step written again before the answer (``"... 14 - 3 = 11.
     Check: 14 - 3 = 11. The final answer is ..."``), redundant tokens that a length method can learn to drop."""
+    modes: bool = False
+    """Mode-tagged warm-up traces for adaptive think modes (the ``think_modes`` builder): each ``sft_examples``
+    trace starts with a tag drawn uniformly, then a space: ``<NT>`` the answer alone (``"<NT> The final answer is
+    \\boxed{11}."``), ``<SH>`` two operations a sentence (``"<SH> 8 + 6 - 3 = 11. The final answer is ..."``),
+    ``<LG>`` the ``running_totals_check`` trace (one operation a sentence, the last re-checked). Needs ``reference:
+    running_totals_check``; ``Problem.reference`` stays the untagged trace (what a teacher reads)."""
 
     def __post_init__(self) -> None:
         if not self.dataset:
@@ -143,6 +150,9 @@ class GymConfig:
             raise ValueError(f"min_score={self.min_score}: allowed 0 < min_score <= 1")
         if self.reference not in ("none", "running_totals", "running_totals_check"):
             raise ValueError(f"reference={self.reference!r}: allowed none, running_totals, running_totals_check")
+        if self.modes and self.reference != "running_totals_check":
+            raise ValueError(f"modes=true needs reference: running_totals_check (its <LG> trace), "
+                             f"got {self.reference!r}")
         # Names and option keys are checked here when reasoning-gym is installed, so a recipe fails at load
         # time with its file:line; without it, building the task raises the install hint instead.
         if importlib.util.find_spec("reasoning_gym") is not None:
@@ -266,26 +276,41 @@ class GymTask:
                 "(reference: running_totals builds them for + / - chains); or use the lab task or a jsonl task "
                 "with reference_key"
             )
-        return [(p, p.reference) for p in (self.train[rng.randrange(len(self.train))] for _ in range(n))]
+        problems = [self.train[rng.randrange(len(self.train))] for _ in range(n)]
+        if not self.cfg.modes:
+            return [(p, p.reference) for p in problems]
+        out = []
+        for p in problems:
+            mode = rng.choice(MODES)
+            if mode == "<NT>":
+                trace = f"The final answer is \\boxed{{{p.answer}}}."
+            elif mode == "<SH>":
+                trace = running_totals(p.meta["entry"], self.cfg.dataset, per_sentence=2)
+            else:
+                trace = p.reference
+            out.append((p, f"{mode} {trace}"))
+        return out
 
 
 _TERM = re.compile(r"\s*([+-])\s*(\d+)")
 
 
-def running_totals(entry: dict[str, Any], dataset: str, check: bool = False) -> str:
-    """The chain in ``entry["metadata"]["expression"]`` worked left to right, one running total a sentence (with
-    ``check``, the last one written again after "Check:"), and the boxed result (which must equal the entry's
-    answer)."""
+def running_totals(entry: dict[str, Any], dataset: str, check: bool = False, per_sentence: int = 1) -> str:
+    """The chain in ``entry["metadata"]["expression"]`` worked left to right, ``per_sentence`` operations to a
+    sentence ending in the running total (with ``check``, the last sentence written again after "Check:"), and the
+    boxed result (which must equal the entry's answer)."""
     expr = str(entry.get("metadata", {}).get("expression", ""))
     first = re.match(r"\s*(-?\d+)", expr)
     terms = _TERM.findall(expr[first.end():]) if first else []
     if not first or not terms or "".join(f"{op}{n}" for op, n in terms) != re.sub(r"\s", "", expr[first.end():]):
         raise ValueError(f"reference=running_totals: {dataset} expression {expr!r} is not integers joined by + and -")
     total, steps = int(first.group(1)), []
-    for op, n in terms:
-        new = total + int(n) if op == "+" else total - int(n)
-        steps.append(f"{total} {op} {n} = {new}.")
-        total = new
+    for i in range(0, len(terms), per_sentence):
+        start = total
+        for op, n in terms[i:i + per_sentence]:
+            total = total + int(n) if op == "+" else total - int(n)
+        ops = " ".join(f"{op} {n}" for op, n in terms[i:i + per_sentence])
+        steps.append(f"{start} {ops} = {total}.")
     if str(total) != str(entry["answer"]).strip():
         raise ValueError(f"reference=running_totals: {expr!r} gives {total}, the entry's answer is {entry['answer']!r}")
     if check:

@@ -35,6 +35,14 @@ def test_sampled_mode_tokens_get_the_weight_and_nothing_else_changes():
     assert torch.equal(b.loss_weights[0, :4], torch.ones(4))  # the input batch is not modified
 
 
+def test_a_tag_of_several_tokens_gets_the_weight_on_each():
+    s = sample(6, "<LG>", False)
+    s.meta["mode_len"] = 3  # SmolLM2 spells <LG> as '<', 'LG', '>'
+    b = rows([s], [torch.full((6,), 0.5)])
+    out = mode_token_weight(b, ModeTokenWeightConfig(mode_token_loss_weight=4.0))
+    assert out.loss_weights[0, :6].tolist() == [4.0, 4.0, 4.0, 1.0, 1.0, 1.0]
+
+
 def test_weight_one_is_the_identity():
     b = batch()
     assert mode_token_weight(b, ModeTokenWeightConfig()) is b

@@ -50,7 +50,7 @@ def built(builder, problems, ctx):
 
 
 class Scripted:
-    """Phase 1 (one token, no prefix): row i samples ``first[i % len]`` with log-prob −0.1·(i+1); phase 2
+    """Phase 1 (no prefix): row i samples the tokens of ``first[i % len]`` (up to its cap); phase 2
     (prefix given): the prefix, then ``rest``, then EOS, log-prob −1 per token, cut at the row's cap."""
 
     def __init__(self, tokenizer, first, rest):
@@ -63,9 +63,10 @@ class Scripted:
         out = []
         for i, r in enumerate(requests):
             cap = r.max_tokens or params.max_tokens
-            if not r.prefix:
-                ids = torch.tensor([self.tok.convert_tokens_to_ids(self.first[i % len(self.first)])])
-                out.append(Completion(ids, torch.tensor([-0.1 * (i + 1)]), "length", torch.zeros(1, dtype=torch.bool)))
+            if not r.prefix:  # phase 1: the row's tokens up to the cap, token t at log-prob −0.1·(i+1)·(t+1)
+                ids = torch.tensor(self.tok.encode(self.first[i % len(self.first)], add_special_tokens=False)[:cap])
+                lp = torch.tensor([-0.1 * (i + 1) * (t + 1) for t in range(len(ids))])
+                out.append(Completion(ids, lp, "length", torch.zeros(len(ids), dtype=torch.bool)))
                 continue
             ids = list(r.prefix) + self.tok.encode(self.rest, add_special_tokens=False) + [self.tok.eos_token_id]
             reason = "stop" if len(ids) <= cap else "length"
@@ -133,6 +134,74 @@ def test_two_phase_trains_the_sampled_mode_token_and_flags_invalid(tokenizer, mo
     m = build.metrics()
     assert m["rollout/mode_invalid_frac"] == pytest.approx(2 / 6) and m["rollout/mode_share_LG"] == pytest.approx(2 / 6)
     assert m["rollout/mode_forced"] == 0.0 and m["rollout/mode_acc_LG"] == 1.0
+
+
+class CharTags:
+    """The tiny tokenizer with each mode tag spelled in its characters, 4 tokens sharing the first ``<``, as SmolLM2's
+    tokenizer splits them (into ``<``, ``NT``, ``>``)."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __len__(self):
+        return len(self._tok)
+
+    def encode(self, text, add_special_tokens=True):
+        if text in ("<NT>", "<SH>", "<LG>"):
+            return [self._tok.convert_tokens_to_ids(c) for c in text]
+        return self._tok.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_multi_token_tags_forced_then_sampled(tokenizer, mode_lab):
+    tok = CharTags(tokenizer)
+    p = mode_lab.test[0]
+    rest = f"<think>so {p.answer}.</think><answer>{p.answer}</answer>"  # 10 tokens + EOS
+    cfg = ThinkModesConfig(cap_nt=8, cap_sh=22, warmup_steps=5, tag_tokens=4)
+    chars = {m: [tokenizer.convert_tokens_to_ids(c) for c in m] for m in ("<NT>", "<SH>", "<LG>")}
+    # forced: the prefix is the whole tag, none of it trained; caps count the tokens after it
+    forced = built(think_modes(cfg, None), [p], context(tok, mode_lab, Scripted(tok, [], rest), step=2, group_size=6))
+    for s in forced[0].samples:
+        m = s.meta["mode"]
+        assert s.completion_ids[:4].tolist() == chars[m] and s.meta["mode_len"] == 4 and s.meta["mode_forced"]
+        assert not s.loss_mask[:4].any() and s.loss_mask[4:].all()
+        assert s.length == (12 if m == "<NT>" else 15) and s.meta["over_cap"] == (m == "<NT>")
+    # sampled: phase 1 draws 4 tokens; a row that starts with a tag continues from it; any other start is invalid
+    gen = Scripted(tok, ["<NT>", "<SH>", "<LG>", "<XY>", "7", "<N"], rest)
+    build = think_modes(cfg, None)
+    (g,) = built(build, [p], context(tok, mode_lab, gen, step=5, group_size=6))
+    assert [s.meta["mode"] for s in g.samples] == ["<NT>", "<SH>", "<LG>", "invalid", "invalid", "invalid"]
+    assert [s.meta["mode_len"] for s in g.samples] == [4, 4, 4, 0, 0, 0]
+    for i, s in enumerate(g.samples[:3]):
+        assert s.completion_ids[:4].tolist() == chars[s.meta["mode"]] and s.loss_mask.all()
+        assert_close(s.rollout_logprobs[:4], torch.tensor([-0.1 * (i + 1) * (t + 1) for t in range(4)]))
+        assert (s.rollout_logprobs[4:] == -1.0).all()  # phase 2's own
+    nt, sh, lg, xy, seven, partial = g.samples
+    assert nt.length == 12 and nt.meta["over_cap"] and nt.reward == 0.0  # cut at 8 tokens after the 4-token tag
+    # Short, L = 11 tokens after the tag: 1.25^(1 − 11/22) = 1.1180340
+    assert sh.length == 15 and sh.correct and sh.reward == pytest.approx(1.1180340, abs=1e-7)
+    assert lg.correct and lg.reward == 1.0 and lg.meta["mode_cap"] == 44  # the global cap: 48 − tag_tokens
+    assert (xy.text, seven.text, partial.text) == ("<XY>", "7", "<N")  # phase 1's tokens kept, trained, reward 0
+    assert all(s.loss_mask.all() and s.reward == 0.0 for s in (xy, seven, partial))
+    assert build.metrics()["rollout/mode_invalid_frac"] == pytest.approx(3 / 6)
+
+
+def test_tags_are_checked_against_the_tokenizer(tokenizer):
+    from groupwise.methods.think_modes.builder import mode_ids
+
+    assert mode_ids(tokenizer, ("<NT>", "<LG>"), 1) == {"<NT>": (tokenizer.convert_tokens_to_ids("<NT>"),),
+                                                         "<LG>": (tokenizer.convert_tokens_to_ids("<LG>"),)}
+    with pytest.raises(ValueError, match=r"tag <NT> is 4 tokens in this tokenizer; set rollout.builder.tag_tokens=4"):
+        mode_ids(CharTags(tokenizer), ("<NT>", "<SH>"), 1)
+
+    class Unknown(CharTags):  # a tokenizer without the tag: <NT> becomes its unknown (here: padding) token
+        def encode(self, text, add_special_tokens=True):
+            return [0] if text == "<NT>" else super().encode(text, add_special_tokens)
+
+    with pytest.raises(ValueError, match=r"tag <NT> does not round-trip through the tokenizer \(ids \[0\]\)"):
+        mode_ids(Unknown(tokenizer), ("<NT>", "<SH>"), 4)
 
 
 def test_two_phase_logprobs_match_teacher_forcing(tiny_model, tokenizer, mode_lab):

@@ -205,6 +205,40 @@ def test_reference_running_totals_fills_problems_and_sft_examples():
         GymTask(GymConfig(size=2, test_size=8, reference="running_totals"), 0)  # parentheses by default: refused
 
 
+def test_running_totals_two_operations_a_sentence():
+    entry = {"answer": "17", "metadata": {"expression": "25 - 47 + 9 + 30"}}  # 25-47+9 = -13, +30 = 17
+    assert running_totals(entry, "x", per_sentence=2) == (
+        "25 - 47 + 9 = -13. -13 + 30 = 17. The final answer is \\boxed{17}.")
+    assert running_totals({"answer": "5", "metadata": {"expression": "1 + 2 + 3 - 1"}}, "x", per_sentence=2) == (
+        "1 + 2 + 3 = 6. 6 - 1 = 5. The final answer is \\boxed{5}.")
+    assert running_totals({"answer": "1", "metadata": {"expression": "4 - 3"}}, "x", per_sentence=2) == (
+        "4 - 3 = 1. The final answer is \\boxed{1}.")
+
+
+def test_modes_tag_the_warm_up_traces():
+    chains = {"min_terms": 3, "max_terms": 5, "max_digits": 1, "operators": ("+", "-"), "allow_parentheses": False,
+              "allow_negation": False}
+    cfg = GymConfig(size=50, test_size=4, reference="running_totals_check", dataset_args=chains, scorer="math_verify")
+    plain, modes = GymTask(cfg, seed=0), GymTask(dataclasses.replace(cfg, modes=True), seed=0)
+    pairs = modes.sft_examples(random.Random(0), 60)
+    assert [p.id for p, _ in pairs] == [p.id for p, _ in plain.sft_examples(random.Random(0), 60)]  # same problems
+    by_mode: dict = {}
+    for p, text in pairs:
+        tag, trace = text.split(" ", 1)
+        by_mode.setdefault(tag, []).append((p, trace))
+        assert modes.verify(p, text) and p.reference == plain.train[int(p.id.rsplit("/", 1)[1])].reference
+    assert sorted(by_mode) == ["<LG>", "<NT>", "<SH>"] and all(len(v) >= 10 for v in by_mode.values())
+    for p, trace in by_mode["<NT>"]:
+        assert trace == f"The final answer is \\boxed{{{p.answer}}}."
+    for p, trace in by_mode["<SH>"]:  # 3-5 terms: 1-2 sentences of two operations, no check
+        assert trace == running_totals(p.meta["entry"], "basic_arithmetic", per_sentence=2) and "Check" not in trace
+        assert trace.count(" = ") == p.meta["entry"]["metadata"]["num_terms"] // 2  # ceil(operations / 2)
+    for p, trace in by_mode["<LG>"]:
+        assert trace == p.reference and "Check:" in trace
+    with pytest.raises(ValueError, match="modes=true needs reference: running_totals_check"):
+        GymConfig(reference="running_totals", modes=True)
+
+
 def test_sft_examples_not_available():
     with pytest.raises(NotImplementedError, match="no reference solutions"):
         GymTask(GymConfig(size=2, test_size=1), 0).sft_examples(random.Random(0), 1)

@@ -4,8 +4,9 @@ Under a token-mean reduction the one mode token of a rollout weighs as little as
 content tokens, so the routing decision learns slowly (spec §2; Thinkless decouples the two). This credit
 component multiplies the loss weight of a *sampled* mode token by w = ``mode_token_loss_weight``:
 
-  loss_weights[b, 0] ← w · loss_weights[b, 0]   if row b's first token is a mode the policy chose
-                                                 (``meta["mode"]`` valid and ``meta["mode_forced"]`` False)
+  loss_weights[b, t] ← w · loss_weights[b, t]   for each token t of row b's mode tag, if the policy chose it
+                                                 (``meta["mode"]`` valid and ``meta["mode_forced"]`` False;
+                                                 a tag is ``meta["mode_len"]`` tokens, 1 in the embedded model)
 
 Forced (prefilled) mode tokens carry no loss at all, and rows whose first token is not a mode (format
 failures) keep weight 1. Advantages are untouched. w = 1 (the default: the spec wants the knob off unless
@@ -40,5 +41,5 @@ def mode_token_weight(batch: TokenBatch, cfg: ModeTokenWeightConfig) -> TokenBat
     weights = batch.loss_weights.clone()  # [B, T]
     for b, s in enumerate(batch.samples):
         if s.meta.get("mode") in MODES and not s.meta.get("mode_forced", True) and bool(s.loss_mask[0]):
-            weights[b, 0] *= cfg.mode_token_loss_weight
+            weights[b, :int(s.meta.get("mode_len", 1))] *= cfg.mode_token_loss_weight
     return dataclasses.replace(batch, loss_weights=weights)

@@ -6,7 +6,8 @@ best at a different length, so GRPO itself learns to route easy problems to chea
 
   R(m, c, L) = c · 1[L ≤ cap_m] · b_m · γ_m^L,   γ_m = b_m^(−1/cap_m)   (cap-anchored, spec §2 [design])
 
-c ∈ {0, 1} is the verifier's verdict, L the tokens after the mode token (EOS included), b_m the mode's base
+c ∈ {0, 1} is the verifier's verdict, L the tokens after the mode tag (EOS included; a tag may be several
+tokens, ``meta["mode_len"]``), b_m the mode's base
 value. With the defaults b_NT = 1.5, b_SH = 1.25, b_LG = 1 (γ_LG = 1, so Long is a constant 1 when
 correct), every mode's reward equals Long's exactly at its own cap, R(m, 1, cap_m) = 1, and the crossover
 lengths are ordered L*(NT, SH) < L*(SH, LG) = cap_SH.
@@ -73,8 +74,9 @@ def think_mode(cfg: ThinkModeRewardConfig, env):
                     row.append(0.0)
                     continue
                 base, gamma = params[mode]
-                # L counts the tokens after the mode token (the builder's cap counts the same tokens)
-                row.append(shaped_reward(s.correct, s.length - 1, int(s.meta["mode_cap"]), base, gamma))
+                # L counts the tokens after the mode tag (the builder's cap counts the same tokens)
+                row.append(shaped_reward(s.correct, s.length - int(s.meta.get("mode_len", 1)),
+                                         int(s.meta["mode_cap"]), base, gamma))
             out.append(row)
         return out
 
