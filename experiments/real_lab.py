@@ -249,6 +249,9 @@ Running table (updated as runs finish; done / left):
 - WRITTEN, run for GRPO seed 0 (above; seed 1 requeued): the transfer check, ``--transfer RUN...`` (TRANSFER:
   two-digit operands, 2-5 terms, never trained on; each run's last checkpoint against its seed's step-0 policy, 200
   problems x 4 + greedy, ~10 min an eval). The held-out ``plain`` form is in every eval already.
+  2026-12-07 (before either was evaluated): two more TRANSFER sets, ``signs`` (negated operands and parentheses)
+  and ``long`` (10-12 terms, 192 tokens), 100 problems each; the queued ``--transfer grpo-s0 grpo-s1`` runs all
+  three (seed 0's two-digit records are reused: the same 200 problems, checked).
 """
 
 from __future__ import annotations
@@ -767,20 +770,29 @@ def compare(base: Path, runs: list[Path], step: int) -> str:
 # The transfer check (written 2026-12-06, before any run finished): the same chains with two-digit operands, which
 # neither the warm-up's traces nor training ever show (single digits there), 2-5 terms, in the four forms; each
 # run's final weights against its seed's step-0 policy on the same problems, drawn with the same eval seed.
-TRANSFER = {"min_terms": 2, "max_terms": 5, "min_digits": 2, "max_digits": 2}
+# Two more sets (written 2026-12-07, before either was evaluated; issue 44 section 3 names more terms, negatives and
+# parentheses): `signs`, 2-5 single-digit terms with negated operands and parentheses (``2 + -3 + 9``, ``( -9 - 8 )
+# + 6``), a form the running totals cannot copy; `long`, chains of 10-12 terms, past the 9 of training, with 192
+# tokens to write them (a 12-term trace with its check is ~135 tokens: the recipe's 128 would cut it). 100 problems
+# each (half the first set's, so the three cost about two of its evals).
+TRANSFER = {  # name: (dataset_args over the recipe's, eval overrides, problems)
+    "digits2": ({"min_terms": 2, "max_terms": 5, "min_digits": 2, "max_digits": 2}, [], 200),
+    "signs": ({"min_terms": 2, "max_terms": 5, "allow_negation": True, "allow_parentheses": True}, [], 100),
+    "long": ({"min_terms": 10, "max_terms": 12}, ["eval.max_completion_tokens=192"], 100),
+}
 
 
 EVAL_CHUNK = 40  # problems per eval chunk: a stopped eval (a session's end) resumes from its last finished chunk
 
 
 def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict | None = None,
-                n: int = 0, base: tuple[str, ...] = ()) -> list[dict]:
+                n: int = 0, base: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> list[dict]:
     """The eval records of ``run``'s last checkpoint (None: the step-0 policy of ``seed``, RECIPE with ``base`` at that
-    seed), ``k``
-    samples at T = 1 + greedy on the recipe's held-out problems (``task_args``: on the task with those dataset_args
-    instead, ``n`` problems), kept at ``path``. Evaluated in chunks of EVAL_CHUNK problems, chunk c drawn with eval
-    seed ``1000 * seed + c`` (the same draws for every policy of a seed), each kept in its own file as it finishes:
-    a stopped eval resumes at its first missing chunk."""
+    seed), ``k`` samples at T = 1 + greedy on the recipe's held-out problems (``task_args``: on the task with those
+    dataset_args and no reference traces instead, ``n`` problems; ``extra``: more eval overrides), kept at ``path``.
+    Evaluated in chunks of EVAL_CHUNK problems, chunk c drawn with eval seed ``1000 * seed + c`` (the same draws for
+    every policy of a seed), each kept in its own file as it finishes: a stopped eval resumes at its first missing
+    chunk."""
     if not path.exists():
         import dataclasses
 
@@ -790,15 +802,15 @@ def policy_eval(path: Path, seed: int, run: Path | None, k: int, task_args: dict
         from groupwise.loop.setup import build
         from groupwise.registry import BuildEnv
 
-        fixed = [f"eval.k={k}", "trainer.threads=1", *EVAL_FIXED]
+        fixed = [f"eval.k={k}", "trainer.threads=1", *EVAL_FIXED, *extra]
         cfg = (load(RECIPE, [f"seed={seed}", *base, *fixed]) if run is None else
                load(run_config(run), [f"model.path={latest_model_dir(run)}", "model.warm_start=false", *fixed]))
         p = build(cfg, train=False)
         problems = p.task.test[:cfg.eval.n_problems]
         if task_args:
             t = cfg.task
-            spec = dataclasses.replace(t, cfg=dataclasses.replace(
-                t.cfg, dataset_args={**t.cfg.dataset_args, **task_args}, test_size=n))
+            spec = dataclasses.replace(t, cfg=dataclasses.replace(  # (no reference: parentheses have no running totals)
+                t.cfg, dataset_args={**t.cfg.dataset_args, **task_args}, test_size=n, reference="none", modes=False))
             problems = spec.build(BuildEnv(run=cfg, seed=cfg.seed)).test[:n]
         path.parent.mkdir(parents=True, exist_ok=True)
         chunks = []
@@ -869,7 +881,7 @@ def cells(recs: list[dict]) -> dict[str, float]:
     out = {f"pass@{k}": statistics.fmean(pass_at_k(len(v), sum(v), k) for v in by.values()) for k in PASS_KS if k <= n}
     boxed = [r for r in sampled if r["format"]]
 
-    def mean(xs) -> float:  # NaN where an eval has none (the TRANSFER set has no chain of 7+ terms)
+    def mean(xs) -> float:  # NaN where an eval has none (TRANSFER's digits2 has no chain of 7+ terms)
         xs = list(xs)
         return statistics.fmean(xs) if xs else float("nan")
 
@@ -886,21 +898,25 @@ def cells(recs: list[dict]) -> dict[str, float]:
     return out
 
 
-def transfer(runs: list[Path], n: int, out_dir: Path) -> str:
-    """Each run's last checkpoint and the step-0 policy of its seed on ``n`` TRANSFER problems x eval.k + greedy
-    (records in ``out_dir/transfer/``): the table of mean@k, greedy and the paired change from step 0."""
-    lines = [f"Transfer: {n} held-out chains of {TRANSFER['min_terms']}-{TRANSFER['max_terms']} two-digit operands "
-             "(never trained on), the four forms\n\n| run | mean@k step 0 -> last | paired change ± SE | greedy step "
-             "0 -> last | greedy up / down | plain form mean@k |\n|---|---|---|---|---|---|\n"]
-    k = 4
-    for d in runs:
-        s = harness.seed_of(d)
-        before = policy_eval(out_dir / "transfer" / f"step0-s{s}.jsonl", s, None, k, TRANSFER, n)
-        after = policy_eval(out_dir / "transfer" / f"{d.name}.jsonl", s, d, k, TRANSFER, n)
-        gain, se, up, down = paired(after, before)
-        b, a = cells(before), cells(after)
-        lines.append(f"| {d.name} | {b['pass@1']:.3f} -> {a['pass@1']:.3f} | {gain:+.3f} ± {se:.3f} | "
-                     f"{b['greedy']:.3f} -> {a['greedy']:.3f} | {up} / {down} | {a['plain']:.3f} |\n")
+def transfer(runs: list[Path], out_dir: Path, sets: list[str]) -> str:
+    """Each run's last checkpoint and the step-0 policy of its seed on each TRANSFER set, eval.k 4 + greedy (records in
+    ``out_dir/transfer/`` for ``digits2``, ``out_dir/transfer-<set>/`` for the others): a table a set of mean@k,
+    greedy and the paired change from step 0."""
+    lines, k = [], 4
+    for name in sets:
+        args, extra, n = TRANSFER[name]
+        where = out_dir / ("transfer" if name == "digits2" else f"transfer-{name}")
+        lines.append(f"\nTransfer `{name}`: {n} held-out problems, {args} over the recipe's chains (never trained on), "
+                     "the four forms\n\n| run | mean@k step 0 -> last | paired change ± SE | greedy step 0 -> last | "
+                     "greedy up / down | plain form mean@k |\n|---|---|---|---|---|---|\n")
+        for d in runs:
+            s = harness.seed_of(d)
+            before = policy_eval(where / f"step0-s{s}.jsonl", s, None, k, args, n, extra=tuple(extra))
+            after = policy_eval(where / f"{d.name}.jsonl", s, d, k, args, n, extra=tuple(extra))
+            gain, se, up, down = paired(after, before)
+            b, a = cells(before), cells(after)
+            lines.append(f"| {d.name} | {b['pass@1']:.3f} -> {a['pass@1']:.3f} | {gain:+.3f} ± {se:.3f} | "
+                         f"{b['greedy']:.3f} -> {a['greedy']:.3f} | {up} / {down} | {a['plain']:.3f} |\n")
     return "".join(lines)
 
 
@@ -1049,8 +1065,8 @@ def main() -> None:
         p.add_argument("--compare-step", type=int, default=30)
         p.add_argument("--calibrate-hdr", action="store_true", help="HDR's tau by the rule at HDR_CALIBRATION")
         p.add_argument("--transfer", nargs="+", metavar="RUN", help="RUNs' last checkpoint and their seed's step 0 "
-                       "on TRANSFER (two-digit operands)")
-        p.add_argument("--transfer-n", type=int, default=200)
+                       "on the TRANSFER sets")
+        p.add_argument("--transfer-sets", nargs="+", choices=list(TRANSFER), default=list(TRANSFER))
 
     args = harness.cli_args(__doc__.splitlines()[0], own)
     out_dir = Path(args.out) if args.out else harness.OUT / EXPERIMENT
@@ -1070,7 +1086,7 @@ def main() -> None:
         calibrate_hdr(out_dir)
         return
     if args.transfer:
-        print(transfer([Path(d) for d in args.transfer], args.transfer_n, out_dir))
+        print(transfer([Path(d) for d in args.transfer], out_dir, args.transfer_sets))
         return
     if args.compare:
         print(compare(Path(args.compare[0]), [Path(d) for d in args.compare[1:]], args.compare_step))
