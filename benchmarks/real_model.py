@@ -18,6 +18,8 @@ or the library's own generator and update, each measurement in a fresh process (
     PYTHONPATH=src python benchmarks/real_model.py padding experiments/results/real_lab/grpo-s0
     # this checkout's update against another checkout's (git worktree add --detach /tmp/before <commit>)
     PYTHONPATH=src python benchmarks/real_model.py update --against /tmp/before --recipe recipes/smollm2_lab.yaml
+    # the same for one generate call (prefill and decode)
+    PYTHONPATH=src python benchmarks/real_model.py generate --against /tmp/before --recipe recipes/smollm2_lab.yaml
 
 ``steps``: ``groupwise train recipes/smollm2_math.yaml`` for ``--steps`` steps per arm (evals off, no
 checkpoints): ``lora`` is the recipe as committed (LoRA r 16 on every linear layer, lr 6e-4), ``full`` trains
@@ -63,6 +65,12 @@ times from the same weights after an untimed first step, timed in process CPU se
 (this, against, against, this, ...) for ``--rounds`` pairs. Reported: each side's median [min-max] and the ratio,
 each side's peak RSS (and what sampling alone had reached: above it, the peak is the update's), and how far apart
 the two sides' first-step gradients and initial log-probs are (0 where the lever is bitwise).
+
+``generate``: as ``update``, for one call of the recipe's generator: ``--groups`` of the recipe's test problems x its
+group size, at its cap and T = 1, seed 0, timed ``--repeats`` times after an untimed first call, in process CPU
+seconds; reported as ``update``'s, with the share of rows whose completions are the same token for token on both
+sides and the largest log-prob gap on the tokens before the first difference (a lever exact up to float summation
+order may flip a near-tie token, after which a row's tokens differ).
 """
 
 from __future__ import annotations
@@ -345,6 +353,30 @@ def child_update_ab(recipe: str, threads: int, groups: int, repeats: int, save: 
             "samples_hash": int((ids * torch.arange(1, ids.numel() + 1)).sum())}
 
 
+def child_generate_ab(recipe: str, threads: int, groups: int, repeats: int, save: str) -> dict:
+    """``generate``'s measurement in one process (see the module docstring); the first call's output to ``save``."""
+    import torch
+
+    from groupwise.config import load
+    from groupwise.loop.setup import build
+    from groupwise.rollout.base import Request, SamplingParams
+
+    torch.set_num_threads(threads)
+    p = build(load(recipe, ["trainer.sinks=[]", f"out_dir={tempfile.mkdtemp()}"]), io=False)
+    reqs = [Request(p.encode(prob)) for prob in p.task.test[:groups] for _ in range(p.cfg.rollout.group_size)]
+    params = SamplingParams(p.cfg.rollout.max_completion_tokens, 1.0)
+    first = p.generator.generate(reqs, params, torch.Generator().manual_seed(0))  # untimed: first-call setup
+    torch.save([(c.completion_ids, c.rollout_logprobs.float()) for c in first], save)
+    seconds = []
+    for _ in range(repeats):
+        t = time.process_time()
+        p.generator.generate(reqs, params, torch.Generator().manual_seed(0))
+        seconds.append(time.process_time() - t)
+    return {"seconds": seconds, "rows": len(reqs), "tokens": sum(int(c.completion_ids.numel()) for c in first),
+            "prompt_tokens": sum(len(r.prompt_ids) for r in reqs[::p.cfg.rollout.group_size]),
+            "sampled_mb": 0.0, "peak_mb": _peak_mb(), "samples_hash": 0}
+
+
 def padding_main(a) -> dict:
     import gzip
 
@@ -393,39 +425,63 @@ def padding_main(a) -> dict:
 
 
 def update_main(a) -> dict:
+    return ab_main(a, "update")
+
+
+def generate_main(a) -> dict:
+    return ab_main(a, "generate")
+
+
+def ab_main(a, what: str) -> dict:
+    """``update`` / ``generate``: this checkout against ``--against``, alternating processes (module docstring)."""
     against = Path(a.against).resolve()
     sides = {"this": ROOT, "against": against}
     runs: dict[str, list[dict]] = {"this": [], "against": []}
     saved: dict[str, str] = {}
     order = [s for r in range(a.rounds) for s in (("this", "against") if r % 2 == 0 else ("against", "this"))]
     for side in order:
-        print(f"update: {side} ({sides[side]}) ...", file=sys.stderr, flush=True)
-        saved.setdefault(side, str(Path(tempfile.mkdtemp()) / "first_step.pt"))
-        runs[side].append(_child(f"child_update_ab({a.recipe!r}, {a.threads}, {a.groups}, {a.repeats}, "
+        print(f"{what}: {side} ({sides[side]}) ...", file=sys.stderr, flush=True)
+        saved.setdefault(side, str(Path(tempfile.mkdtemp()) / "first.pt"))
+        runs[side].append(_child(f"child_{what}_ab({a.recipe!r}, {a.threads}, {a.groups}, {a.repeats}, "
                                  f"{saved[side]!r})", a.threads, sides[side] / "src"))
     import torch
 
     first = {side: torch.load(path) for side, path in saved.items()}
-    g, g0 = first["this"]["grad"], first["against"]["grad"]
-    same = len({r["samples_hash"] for rs in runs.values() for r in rs}) == 1
     secs = {side: [x for r in rs for x in r["seconds"]] for side, rs in runs.items()}
     fmt = lambda xs: f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"  # noqa: E731
     r0 = runs["this"][0]
-    lines = [f"{a.recipe}, Learner.step on {r0['rows']} sampled rows ({a.groups} groups, {r0['tokens']} completion "
-             f"tokens), {a.threads} thread(s), process CPU s, {a.rounds} alternating processes x {a.repeats} steps "
-             "per side (median [min-max])",
+    call = (f"Learner.step on {r0['rows']} sampled rows ({a.groups} groups, {r0['tokens']} completion tokens)"
+            if what == "update" else f"one generate call of {r0['rows']} rows ({a.groups} prompts, "
+            f"{r0['prompt_tokens']} prompt tokens, {r0['tokens']} generated)")
+    lines = [f"{a.recipe}, {call}, {a.threads} thread(s), process CPU s, {a.rounds} alternating processes x "
+             f"{a.repeats} calls per side (median [min-max])",
              f"  this    ({ROOT}): {fmt(secs['this'])}",
              f"  against ({against}): {fmt(secs['against'])}",
              f"  against / this: {statistics.median(secs['against']) / statistics.median(secs['this']):.3f}x",
-             *[f"  peak RSS {side}: {max(r['peak_mb'] for r in runs[side]):.0f} MB (after sampling: "
-               f"{max(r['sampled_mb'] for r in runs[side]):.0f} MB)" for side in sides],
-             f"  same completions on both sides: {same}",
-             f"  first-step gradient |g - g_against| / |g_against|: {float((g - g0).norm() / g0.norm()):.2e} "
-             f"(bitwise equal: {bool(torch.equal(g, g0))})",
-             f"  initial log-probs max |diff|: "
-             f"{float((first['this']['logprobs'] - first['against']['logprobs']).abs().max()):.2e}"]
+             *[f"  peak RSS {side}: {max(r['peak_mb'] for r in runs[side]):.0f} MB" + (
+               f" (after sampling: {max(r['sampled_mb'] for r in runs[side]):.0f} MB)" if what == "update" else "")
+               for side in sides]]
+    if what == "update":
+        g, g0 = first["this"]["grad"], first["against"]["grad"]
+        same = len({r["samples_hash"] for rs in runs.values() for r in rs}) == 1
+        lines += [f"  same completions on both sides: {same}",
+                  f"  first-step gradient |g - g_against| / |g_against|: {float((g - g0).norm() / g0.norm()):.2e} "
+                  f"(bitwise equal: {bool(torch.equal(g, g0))})",
+                  f"  initial log-probs max |diff|: "
+                  f"{float((first['this']['logprobs'] - first['against']['logprobs']).abs().max()):.2e}"]
+    else:
+        same, gap = 0, 0.0
+        for (ids, lp), (ids0, lp0) in zip(first["this"], first["against"]):
+            n = min(len(ids), len(ids0))
+            diff = (ids[:n] != ids0[:n]).nonzero()
+            k = int(diff[0]) if len(diff) else n
+            same += bool(k == n and len(ids) == len(ids0))
+            if k:  # the log-probs of the same tokens, before the first different one
+                gap = max(gap, float((lp[:k] - lp0[:k]).abs().max()))
+        lines += [f"  rows the same token for token on both sides: {same} of {len(first['this'])}",
+                  f"  largest log-prob gap up to a row's first different token: {gap:.2e}"]
     print("\n".join(lines))
-    return {"runs": runs, "table": lines, "same_samples": same}
+    return {"runs": runs, "table": lines}
 
 
 def autocast_main(a) -> dict:
@@ -534,15 +590,21 @@ def main(argv: list[str] | None = None) -> dict:
     u.add_argument("--groups", type=int, default=4)
     u.add_argument("--repeats", type=int, default=2)
     u.add_argument("--rounds", type=int, default=2)
+    gen = sub.add_parser("generate")
+    gen.add_argument("--against", required=True, help="another checkout of groupwise (its src is imported)")
+    gen.add_argument("--recipe", default=RECIPE)
+    gen.add_argument("--groups", type=int, default=8)
+    gen.add_argument("--repeats", type=int, default=2)
+    gen.add_argument("--rounds", type=int, default=2)
     d = sub.add_parser("padding")
     d.add_argument("runs", nargs="+", help="run directories (resolved_config.yaml, rollouts.jsonl[.gz])")
-    for q in (s, m, c, u):
+    for q in (s, m, c, u, gen):
         q.add_argument("--threads", type=int, default=2)
         q.add_argument("--json", help="write the measurements here")
     d.add_argument("--json", help="write the measurements here")
     a = p.parse_args(argv)
     result = {"steps": steps_main, "memory": memory_main, "autocast": autocast_main,
-              "update": update_main, "padding": padding_main}[a.cmd](a)
+              "update": update_main, "generate": generate_main, "padding": padding_main}[a.cmd](a)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     return result

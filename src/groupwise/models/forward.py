@@ -127,12 +127,13 @@ def prefill_distinct(model: torch.nn.Module, prompts: list[Tensor], pad_id: int,
     row of each prompt given (the fused decode attends to each prompt's keys once for all its samples).
     ``share=False`` runs every prompt given, duplicates included (``rollout.generator.share_prefill``).
 
-    ``common``: the longest token prefix that every distinct prompt starts with (a system prompt, worked
-    examples) runs once, as one row, and the prompts' remaining tokens run on top of its cache (expanded by an
-    index, so its backward also runs once). The rows are then laid out
-    ``[common prefix | left padding | rest of the prompt]``, the padding masked and the positions those of the
-    whole prompt, so every later step sees what a plain prefill leaves, up to float summation order
-    (``tests/unit/models/test_common_prefix.py``)."""
+    ``common``: a token prefix that several distinct prompts start with (a system prompt, worked examples) runs
+    once, as one row, and those prompts' remaining tokens run on top of its cache (expanded by an index, so its
+    backward also runs once). Prompts that share a prefix are found by ``prefix_groups`` (prompts asked in several
+    forms: one prefix a form); a prompt that shares none runs whole in the second call. The rows are then laid out
+    ``[left padding | its group's prefix | left padding | rest of the prompt]``, the padding masked and the positions
+    those of the whole prompt, so every later step sees what a plain prefill leaves, up to float summation order
+    (``tests/unit/models/test_common_prefix.py``). Where no grouping saves token slots, one plain forward runs."""
     index: dict[Any, int] = {}  # prompt (or its position, unshared) -> its row in the forward
     uniq: list[Tensor] = []
     rows: list[int] = []
@@ -143,28 +144,72 @@ def prefill_distinct(model: torch.nn.Module, prompts: list[Tensor], pad_id: int,
             uniq.append(p.cpu())
         rows.append(index[key])
     row = torch.tensor(rows, device=device)
-    n_common = common_prefix_len(uniq) if common and share and len(uniq) > 1 else 0
+    grouped = prefix_groups(uniq) if common and share and len(uniq) > 1 else None
     cache_kw: dict[str, Any] = {}
-    if n_common:
-        head = torch.arange(n_common, device=device).unsqueeze(0)
-        first = model(input_ids=uniq[0][:n_common].unsqueeze(0).to(device),
-                      attention_mask=torch.ones_like(head), position_ids=head, use_cache=True,
-                      logits_to_keep=1)
+    head_attn = torch.zeros((len(uniq), 0), dtype=torch.long)
+    starts = [0] * len(uniq)
+    if grouped is not None:
+        group, lengths = grouped
+        width = max(lengths)
+        ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(lengths), width), dtype=torch.long)
+        for k, n in enumerate(lengths):
+            first_u = group.index(k)
+            ids[k, width - n:], attn[k, width - n:] = uniq[first_u][:n], 1
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        first = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=positions.to(device),
+                      use_cache=True, logits_to_keep=1)
         cache = first.get("cache") or first.get("past_key_values")
-        cache.batch_select_indices(torch.zeros(len(uniq), dtype=torch.long, device=device))
+        cache.batch_select_indices(torch.tensor([max(k, 0) for k in group], device=device))
         cache_kw = {cache_keyword(model): cache}
-        uniq = [p[n_common:] for p in uniq]
+        head_attn = torch.stack([attn[k] if k >= 0 else torch.zeros_like(attn[0]) for k in group])
+        starts = [lengths[k] if k >= 0 else 0 for k in group]
+        uniq = [p[n:] for p, n in zip(uniq, starts)]
     width = max(len(p) for p in uniq)
     ids = torch.full((len(uniq), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(uniq), width), dtype=torch.long)
     for u, p in enumerate(uniq):
         ids[u, width - len(p):], attn[u, width - len(p):] = p, 1
-    ids, attn = ids.to(device), attn.to(device)
-    positions = n_common + (attn.cumsum(-1) - 1).clamp(min=0)
-    attn = torch.cat([attn.new_ones(len(uniq), n_common), attn], dim=1)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1,
-                **cache_kw)
-    return out.get("cache") or out.get("past_key_values"), out.logits[:, -1], attn, row
+    positions = torch.tensor(starts).unsqueeze(1) + (attn.cumsum(-1) - 1).clamp(min=0)
+    attn = torch.cat([head_attn, attn], dim=1)
+    out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=positions.to(device),
+                use_cache=True, logits_to_keep=1, **cache_kw)
+    return out.get("cache") or out.get("past_key_values"), out.logits[:, -1], attn.to(device), row
+
+
+MIN_SHARED = 16  # tokens: a shorter shared prefix is not worth a row of its own
+
+
+def prefix_groups(prompts: list[Tensor]) -> tuple[list[int], list[int]] | None:
+    """Distinct prompts grouped by a shared token prefix, for ``prefill_distinct``: (each prompt's group, -1 for a
+    prompt in none; each group's prefix length), or None where grouping would not save token slots. In sorted
+    order, a prompt joins the group before it when the prefix they all share (leaving each prompt one token of its
+    own: its last position's logits are the first prediction) is at least MIN_SHARED tokens and at least half of
+    what the group shared before (a group's prefix does not collapse to a chat template's first tokens). Token
+    slots: plain, one row per prompt at the longest prompt's width; grouped, a row per group at the longest
+    prefix's width, then a row per prompt at the longest remainder's."""
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i].tolist())
+    groups: list[tuple[list[int], int]] = []  # (members, shared prefix)
+    for i in order:
+        if groups:
+            members, n = groups[-1]
+            joined = min(n, common_prefix_len([prompts[members[-1]], prompts[i]]))
+            if joined >= MIN_SHARED and 2 * joined >= n:
+                groups[-1] = (members + [i], joined)
+                continue
+        groups.append(([i], len(prompts[i]) - 1))
+    shared = [(members, n) for members, n in groups if len(members) > 1]
+    if not shared:
+        return None
+    group, lengths = [-1] * len(prompts), []
+    for k, (members, n) in enumerate(shared):
+        lengths.append(n)
+        for i in members:
+            group[i] = k
+    rest = max(len(p) - (lengths[k] if k >= 0 else 0) for p, k in zip(prompts, group))
+    if len(lengths) * max(lengths) + len(prompts) * rest >= len(prompts) * max(len(p) for p in prompts):
+        return None
+    return group, lengths
 
 
 def common_prefix_len(prompts: list[Tensor]) -> int:

@@ -35,9 +35,9 @@ class HFConfig:
     """Identical prompts (a group's G samples) share one prefill forward; false prefills every row (the same
     tokens and log-probs up to float summation order; for measuring the saving, benchmarks/levers.py)."""
     share_common_prefix: bool = True
-    """The token prefix every prompt of a generate call starts with (a system prompt, worked examples) is
-    prefilled once for all of them (``forward.prefill``; the same tokens and log-probs up to float summation
-    order); false prefills it with every distinct prompt."""
+    """A token prefix that several prompts of a generate call start with (a system prompt, worked examples; one a
+    prompt form when prompts come in several) is prefilled once for all of them (``forward.prefix_groups``; the same
+    tokens and log-probs up to float summation order); false prefills it with every distinct prompt."""
     decode: Literal["auto", "model", "fused"] = "auto"
     """``fused``: Llama-family models (llama, mistral, qwen2, qwen3; a peft LoRA policy's adapter folded into the
     weights) decode with fused QKV and gate/up GEMMs and a preallocated KV buffer (``standard/fused.py``; equal

@@ -1,6 +1,7 @@
-"""The common prefix of a prefill (``forward.prefill(common=True)``): the tokens every distinct prompt starts
-with run once as one row. Generation (both decode paths) and the shared-prefix update see what a plain prefill
-leaves, up to float summation order; the prefix's tokens reach the model once."""
+"""The shared prefixes of a prefill (``forward.prefill(common=True)``): the tokens several distinct prompts start
+with run once as one row (one a group of prompts: ``prefix_groups``). Generation (both decode paths) and the
+shared-prefix update see what a plain prefill leaves, up to float summation order; each prefix's tokens reach the
+model once."""
 
 import copy
 
@@ -15,6 +16,7 @@ from groupwise.models.forward import (
     completion_logprobs,
     pack,
     prefill,
+    prefix_groups,
     shared_prefix_logprobs,
 )
 from groupwise.rollout.base import Request, SamplingParams
@@ -48,6 +50,70 @@ def prompts(tokenizer, system="You are a careful calculator; box the answer.\n")
     """Distinct prompts behind one system text, of different lengths (their left padding differs)."""
     return [torch.tensor(tokenizer.encode(system + q + "\n", add_special_tokens=False))
             for q in ("3+5", "1-2+7-4+9", "8-1", "9+9+9")]
+
+
+def forms(tokenizer):
+    """Prompts asked in three forms, as the real-model lab asks them: two behind a long system text, two behind a
+    shorter one (prefixes of different lengths: the groups' rows are left-padded), and one bare question that
+    shares nothing with them but its first character."""
+    long = prompts(tokenizer, "Work left to right, write each running total, then box the final answer.\n")[:2]
+    short = prompts(tokenizer, "Box the answer, nothing else.\n")[2:]
+    return [long[0], short[0], torch.tensor(tokenizer.encode("B 7+7+7+7\n", add_special_tokens=False)), long[1],
+            short[1]]
+
+
+def test_prefix_groups_by_hand():
+    a = [*range(10, 30)]  # a 20-token shared prefix
+    b = [*range(40, 58)]  # 18 tokens
+    ps = [ids(*a, 1, 2), ids(*b, 3), ids(*a, 5), ids(9, 9), ids(*b, 4, 4, 4)]
+    group, lengths = prefix_groups(ps)
+    assert sorted(lengths) == [18, 20] and group[3] == -1 and group[0] == group[2] != group[1] == group[4]
+    assert lengths[group[0]] == 20 and lengths[group[1]] == 18
+    # 15 shared tokens (under MIN_SHARED 16): no group, a plain prefill
+    assert prefix_groups([ids(*a[:15], 1, 2), ids(*a[:15], 3, 4)]) is None
+    # a prefix under half of a group's: not joined (the third shares 17 tokens with a group that shares 40; with
+    # one that shares 20 it joins, at 17)
+    c = [*range(60, 100)]
+    group, lengths = prefix_groups([ids(*c, 1), ids(*c, 2), ids(*c[:17], 99, 98)])
+    assert lengths == [40] and group == [0, 0, -1]
+    group, lengths = prefix_groups([ids(*a, 1), ids(*a, 2), ids(*a[:17], 99, 98)])
+    assert lengths == [17] and group == [0, 0, 0]
+    assert prefix_groups([ids(*a, 1), ids(*b, 2)]) is None  # nothing shared
+
+
+@pytest.mark.parametrize("model", ["tiny", "llama"])
+def test_prefill_with_a_prefix_a_form_equals_the_plain_prefill(model, tiny_model, tokenizer):
+    m = tiny_model.eval() if model == "tiny" else llama()
+    ps = forms(tokenizer)
+    group, lengths = prefix_groups(ps)
+    assert len(lengths) == 2 and len(set(lengths)) == 2 and group.count(-1) == 1
+    rows = [ps[0], ps[1], ps[1], ps[2], ps[3], ps[4], ps[0]]
+    with torch.no_grad():
+        c0, l0, a0 = prefill(m, rows, tokenizer.pad_token_id, "cpu", common=False)
+        c1, l1, a1 = prefill(m, rows, tokenizer.pad_token_id, "cpu", common=True)
+        assert_close(l1, l0, rtol=0, atol=1e-5)
+        assert torch.equal(a1.sum(-1), a0.sum(-1))
+        nxt = torch.arange(len(rows)).unsqueeze(-1) + 7
+        kw = cache_keyword(m)
+
+        def step(cache, attn):
+            mask = torch.cat([attn, attn.new_ones(len(rows), 1)], 1)
+            return m(input_ids=nxt, attention_mask=mask, position_ids=attn.sum(-1, keepdim=True),
+                     use_cache=True, **{kw: cache}).logits[:, -1]
+
+        assert_close(step(c1, a1), step(c0, a0), rtol=0, atol=1e-5)
+
+
+def test_each_groups_prefix_reaches_the_model_once(tiny_model, tokenizer):
+    ps = forms(tokenizer)
+    group, lengths = prefix_groups(ps)
+    seen = []
+    hook = tiny_model.get_input_embeddings().register_forward_hook(lambda mod, i, o: seen.append(tuple(i[0].shape)))
+    with torch.no_grad():
+        prefill(tiny_model, ps * 2, tokenizer.pad_token_id, "cpu")
+    hook.remove()
+    rest = max(len(p) - (lengths[k] if k >= 0 else 0) for p, k in zip(ps, group))
+    assert seen == [(2, max(lengths)), (5, rest)] and rest < max(len(p) for p in ps) / 2
 
 
 @pytest.mark.parametrize("model", ["tiny", "llama"])
@@ -95,15 +161,19 @@ def test_generation_is_unchanged(decode, temperature, tokenizer):
     params = SamplingParams(max_tokens=12, temperature=temperature)
     outs = [HFGenerator(HFConfig(decode=decode, share_common_prefix=c), m, tokenizer)
             .generate(reqs, params, torch.Generator().manual_seed(3)) for c in (False, True)]
+    reqs = [Request(p) for p in forms(tokenizer) for _ in range(3)]
+    outs += [HFGenerator(HFConfig(decode=decode, share_common_prefix=c), m, tokenizer)
+             .generate(reqs, params, torch.Generator().manual_seed(4)) for c in (False, True)]
     assert max(len(o.completion_ids) for o in outs[0]) > 4
-    for a, b in zip(*outs):
+    for a, b in [*zip(outs[0], outs[1]), *zip(outs[2], outs[3])]:
         assert torch.equal(a.completion_ids, b.completion_ids)
         assert_close(b.rollout_logprobs, a.rollout_logprobs, rtol=1e-5, atol=1e-5)
 
 
-def test_shared_prefix_update_with_a_common_prefix_equals_the_unshared_pass(tokenizer):
+@pytest.mark.parametrize("kind", ["one prefix", "a prefix a form"])
+def test_shared_prefix_update_with_a_common_prefix_equals_the_unshared_pass(kind, tokenizer):
     m = llama().train()
-    ps = prompts(tokenizer)
+    ps = prompts(tokenizer) if kind == "one prefix" else forms(tokenizer)
     g = torch.Generator().manual_seed(0)
     rows = [(p, torch.randint(5, 100, (n,), generator=g)) for p in ps for n in (3, 6)]
     packed = pack([p for p, _ in rows], [c for _, c in rows], tokenizer.pad_token_id)
