@@ -219,6 +219,16 @@ Running table (updated as runs finish; done / left):
   before, FGRPO / FedAvg before the peers' arms. The lanes' checkout is at e56fb6e.
 - RESUMED 2026-12-07 21:14 on 70910a1 (main): GRPO seed 2 (its FINAL_K eval, from the start) and GARL seed 0 (from
   its step-31 save), then the queue.
+- DONE 2026-12-07 22:40: GRPO seed 2 (``--report-only --arms grpo --seeds 0 1 2``): pass@1 0.319 -> 0.349 against
+  its step 0 (0.321), +0.031 +- 0.013; pass@16 0.615; greedy 0.385 (11 up / 18 down). GRPO over 3 seeds: pass@1 0.317
+  -> 0.346 +- 0.002, every seed's paired gain past 2 SE (+0.033, +0.022, +0.031): precondition 6 met (no saturation:
+  plateau 0.35); pass@16 0.658 -> 0.610 (it sharpens).
+- DONE 2026-12-07 22:40: GARL seed 0, rerun (``--report-only --arms grpo garl --seeds 0``): the lost run's numbers to
+  the digit: pass@1 0.362, +0.048 +- 0.012 against its step 0 and +0.015 +- 0.010 against GRPO seed 0, pass@16 0.670,
+  greedy 0.410, hard 0.134. Seeds 1-2 queued.
+- ENGINE 2026-12-07 22:44 (184c921): prefill groups distinct prompts by a shared prefix (one a prompt form;
+  ``forward.prefix_groups``), the same up to float summation order, 1.04x a generate call and 1.00x the update on this
+  setting (docs/benchmarks.md, "Lever: a prefix a prompt form"). Runs started from then on use it.
 - WRITTEN 2026-12-07 21:50 (before any run; the comment at ARMS): adaptive think modes as an arm, ``think_modes``,
   against its control ``think_lg`` (GRPO forced to <LG>), both on their own warm start (FAMILY ``modes``: the task's
   ``modes: true`` tags the warm-up traces <NT> / <SH> / <LG>) and paired against its step 0 (``step0-modes-s<seed>``).
