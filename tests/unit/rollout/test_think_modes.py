@@ -270,6 +270,12 @@ def test_config_validation():
     # caps of modes that are not allowed are not used: a Long-only builder fits a short global cap
     one = load(None, [*base, "rollout.builder.modes=[<LG>]", "rollout.max_completion_tokens=40"]).rollout.builder.cfg
     assert one.caps(40)["<LG>"] == 39
+    three = load(None, [*base, "rollout.builder.tag_tokens=3"]).rollout.builder.cfg  # SmolLM2's tags
+    assert three.caps(64)["<LG>"] == 61
+    with pytest.raises(ConfigError, match="max_completion_tokens − tag_tokens = 37"):
+        load(None, [*base, "rollout.builder.tag_tokens=3", "rollout.max_completion_tokens=40"])  # cap_sh 40 > 37
+    with pytest.raises(ConfigError, match="tag_tokens >= 1"):
+        load(None, [*base, "rollout.builder.tag_tokens=0"])
     with pytest.raises(ConfigError, match="modes: true"):
         load(None, ["rollout.builder.name=think_modes"])
     with pytest.raises(ConfigError, match="subset"):

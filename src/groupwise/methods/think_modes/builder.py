@@ -54,26 +54,26 @@ class ThinkModesConfig:
     modes: tuple[str, ...] = MODES
     """Allowed modes, a subset of <NT>, <SH>, <LG>; one mode = always forced (the neutral setting)."""
     cap_nt: int = 8
-    """Max tokens after <NT> (EOS included). The mode token itself counts toward rollout.max_completion_tokens."""
+    """Max tokens after <NT> (EOS included). The mode tag itself counts toward rollout.max_completion_tokens."""
     cap_sh: int = 40
     cap_lg: int = 0
-    """0 means the global cap, rollout.max_completion_tokens − 1 (Long is uncapped in the paper)."""
+    """0 means the global cap, rollout.max_completion_tokens − tag_tokens (Long is uncapped in the paper)."""
     warmup_steps: int = 45
     """Steps with forced equal thirds of the modes (the paper: 45 of its run)."""
-
-    def __post_init__(self) -> None:
-        if not self.modes or len(set(self.modes)) != len(self.modes) or set(self.modes) - set(MODES):
-            raise ValueError(f"modes={list(self.modes)}: a non-empty subset of {', '.join(MODES)} without repeats")
-        if self.cap_nt < 1 or self.cap_sh < 1 or self.cap_lg < 0 or self.warmup_steps < 0:
-            raise ValueError("cap_nt and cap_sh must be >= 1, cap_lg >= 0 (0: global cap), warmup_steps >= 0")
-        if not self.cap_nt < self.cap_sh or (self.cap_lg and not self.cap_sh < self.cap_lg):
-            raise ValueError(f"caps must increase strictly NT < SH < LG, got {self.cap_nt}, {self.cap_sh}, "
-                             f"{self.cap_lg or 'global'}")
-
     tag_tokens: int = 1
     """Tokens of the longest tag in the model's tokenizer (1 for the embedded one, 3 for SmolLM2's): the global
     cap of Long is rollout.max_completion_tokens − tag_tokens, and ``check`` bounds every cap by it (the tokenizer
     is not loaded at config time; the builder raises if a tag is longer)."""
+
+    def __post_init__(self) -> None:
+        if not self.modes or len(set(self.modes)) != len(self.modes) or set(self.modes) - set(MODES):
+            raise ValueError(f"modes={list(self.modes)}: a non-empty subset of {', '.join(MODES)} without repeats")
+        if self.cap_nt < 1 or self.cap_sh < 1 or self.cap_lg < 0 or self.warmup_steps < 0 or self.tag_tokens < 1:
+            raise ValueError("cap_nt and cap_sh must be >= 1, cap_lg >= 0 (0: global cap), warmup_steps >= 0, "
+                             "tag_tokens >= 1")
+        if not self.cap_nt < self.cap_sh or (self.cap_lg and not self.cap_sh < self.cap_lg):
+            raise ValueError(f"caps must increase strictly NT < SH < LG, got {self.cap_nt}, {self.cap_sh}, "
+                             f"{self.cap_lg or 'global'}")
 
     def caps(self, max_completion_tokens: int) -> dict[str, int]:
         long = self.cap_lg or max_completion_tokens - self.tag_tokens
@@ -82,8 +82,6 @@ class ThinkModesConfig:
     def check(self, run) -> None:
         if not getattr(run.task.cfg, "modes", False):
             raise ValueError(f"needs a task that writes mode tokens (task '{run.task.name}' with modes: true)")
-        if self.tag_tokens < 1:
-            raise ValueError(f"tag_tokens={self.tag_tokens}: must be >= 1")
         limit = run.rollout.max_completion_tokens - self.tag_tokens
         caps = {m: c for m, c in self.caps(run.rollout.max_completion_tokens).items() if m in self.modes}  # used caps
         if max(caps.values()) > limit or not caps.get("<SH>", 0) < caps.get("<LG>", math.inf):
