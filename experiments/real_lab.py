@@ -223,6 +223,15 @@ Running table (updated as runs finish; done / left):
   its step 0 (0.321), +0.031 +- 0.013; pass@16 0.615; greedy 0.385 (11 up / 18 down). GRPO over 3 seeds: pass@1 0.317
   -> 0.346 +- 0.002, every seed's paired gain past 2 SE (+0.033, +0.022, +0.031): precondition 6 met (no saturation:
   plateau 0.35); pass@16 0.658 -> 0.610 (it sharpens).
+- STOPPED at the session's end (2026-12-07 23:46, SIGTERM: saved): LamPO seed 0 at step 50, ``think_modes`` seed 0
+  at step 13 (its modes warm-up is cached: ``~/.cache/groupwise/warm_start``). Queue (``lanes-queue.txt``): lampo 0,
+  think_modes 0, grpo_informative 0, think_lg 0, the transfer check of GRPO seeds 0-1 (three sets), GARL / LamPO /
+  DRE seeds 1-2, think modes and think_lg seeds 1-2, then as before. The lanes' checkout is at 184c921.
+- RUNNING 2026-12-07 22:40: ``think_modes`` seed 0. Its modes warm-up took 47 min (beside the other lane and the
+  test suite; 34 CPU min), then the forced steps (equal thirds, tags prefilled): per-tag training accuracy over steps
+  1-6 NT 0.00-0.11, SH 0.05-0.35, LG 0.18-0.45, 0-6% of rows over their cap, no invalid tag (forced); 65-100 s a
+  step; over their cap 9-16% of rows in steps 7-10. From step 11 the policy picks its own tag: steps 11-12 0-3%
+  invalid (the warm-up taught the tags), shares NT 0.34 / 0.41, SH 0.33 / 0.27, LG 0.30 / 0.33.
 - DONE 2026-12-07 22:40: GARL seed 0, rerun (``--report-only --arms grpo garl --seeds 0``): the lost run's numbers to
   the digit: pass@1 0.362, +0.048 +- 0.012 against its step 0 and +0.015 +- 0.010 against GRPO seed 0, pass@16 0.670,
   greedy 0.410, hard 0.134. Seeds 1-2 queued.
