@@ -227,6 +227,9 @@ Running table (updated as runs finish; done / left):
   at step 13 (its modes warm-up is cached: ``~/.cache/groupwise/warm_start``). Queue (``lanes-queue.txt``): lampo 0,
   think_modes 0, grpo_informative 0, think_lg 0, the transfer check of GRPO seeds 0-1 (three sets), GARL / LamPO /
   DRE seeds 1-2, think modes and think_lg seeds 1-2, then as before. The lanes' checkout is at 184c921.
+  RESTARTED 23:47 for the session's last minutes (a first restart read a queue without the two stopped jobs and
+  started grpo_informative 0 and think_lg 0: killed within a minute, their empty dirs removed); the two runs keep
+  what they reach at a checkpoint (every 10 steps; LamPO's 60 is its last) when the session's end stops them.
 - RUNNING 2026-12-07 22:40: ``think_modes`` seed 0. Its modes warm-up took 47 min (beside the other lane and the
   test suite; 34 CPU min), then the forced steps (equal thirds, tags prefilled): per-tag training accuracy over steps
   1-6 NT 0.00-0.11, SH 0.05-0.35, LG 0.18-0.45, 0-6% of rows over their cap, no invalid tag (forced); 65-100 s a
