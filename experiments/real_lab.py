@@ -230,6 +230,8 @@ Running table (updated as runs finish; done / left):
   RESTARTED 23:47 for the session's last minutes (a first restart read a queue without the two stopped jobs and
   started grpo_informative 0 and think_lg 0: killed within a minute, their empty dirs removed); the two runs keep
   what they reach at a checkpoint (every 10 steps; LamPO's 60 is its last) when the session's end stops them.
+  STOPPED 2026-12-08 00:00 (SIGTERM): LamPO seed 0 trained all 60 steps, its FINAL_K eval had just begun (no chunk
+  written); ``think_modes`` seed 0 saved at step 21. The saved queue still starts lampo 0 (its eval), think_modes 0.
 - RUNNING 2026-12-07 22:40: ``think_modes`` seed 0. Its modes warm-up took 47 min (beside the other lane and the
   test suite; 34 CPU min), then the forced steps (equal thirds, tags prefilled): per-tag training accuracy over steps
   1-6 NT 0.00-0.11, SH 0.05-0.35, LG 0.18-0.45, 0-6% of rows over their cap, no invalid tag (forced); 65-100 s a
