@@ -373,8 +373,7 @@ def child_generate_ab(recipe: str, threads: int, groups: int, repeats: int, save
         p.generator.generate(reqs, params, torch.Generator().manual_seed(0))
         seconds.append(time.process_time() - t)
     return {"seconds": seconds, "rows": len(reqs), "tokens": sum(int(c.completion_ids.numel()) for c in first),
-            "prompt_tokens": sum(len(r.prompt_ids) for r in reqs[::p.cfg.rollout.group_size]),
-            "sampled_mb": 0.0, "peak_mb": _peak_mb(), "samples_hash": 0}
+            "prompt_tokens": sum(len(r.prompt_ids) for r in reqs[::p.cfg.rollout.group_size]), "peak_mb": _peak_mb()}
 
 
 def padding_main(a) -> dict:
@@ -584,21 +583,17 @@ def main(argv: list[str] | None = None) -> dict:
     c.add_argument("--groups", type=int, default=8)
     c.add_argument("--tokens", type=int, default=40)
     c.add_argument("--repeats", type=int, default=3)
-    u = sub.add_parser("update")
-    u.add_argument("--against", required=True, help="another checkout of groupwise (its src is imported)")
-    u.add_argument("--recipe", default=RECIPE)
-    u.add_argument("--groups", type=int, default=4)
-    u.add_argument("--repeats", type=int, default=2)
-    u.add_argument("--rounds", type=int, default=2)
-    gen = sub.add_parser("generate")
-    gen.add_argument("--against", required=True, help="another checkout of groupwise (its src is imported)")
-    gen.add_argument("--recipe", default=RECIPE)
-    gen.add_argument("--groups", type=int, default=8)
-    gen.add_argument("--repeats", type=int, default=2)
-    gen.add_argument("--rounds", type=int, default=2)
+    ab = []  # this checkout against another: the update, one generate call
+    for name, groups in (("update", 4), ("generate", 8)):
+        ab.append(q := sub.add_parser(name))
+        q.add_argument("--against", required=True, help="another checkout of groupwise (its src is imported)")
+        q.add_argument("--recipe", default=RECIPE)
+        q.add_argument("--groups", type=int, default=groups)
+        q.add_argument("--repeats", type=int, default=2)
+        q.add_argument("--rounds", type=int, default=2)
     d = sub.add_parser("padding")
     d.add_argument("runs", nargs="+", help="run directories (resolved_config.yaml, rollouts.jsonl[.gz])")
-    for q in (s, m, c, u, gen):
+    for q in (s, m, c, *ab):
         q.add_argument("--threads", type=int, default=2)
         q.add_argument("--json", help="write the measurements here")
     d.add_argument("--json", help="write the measurements here")

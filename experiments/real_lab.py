@@ -1042,29 +1042,34 @@ BANDS = ((2, 3), (4, 6), (7, 9))  # number of terms: easy, middle, hard
 
 def tag(r: dict) -> str:
     """The mode tag an eval completion starts with ("-" if none)."""
-    return next((m for m in ("<NT>", "<SH>", "<LG>") if r["text"].lstrip().startswith(m)), "-")
+    from groupwise.methods.think_modes.builder import MODES
+
+    return next((m for m in MODES if r["text"].lstrip().startswith(m)), "-")
 
 
 def modes_table(evals: dict[str, list[dict]]) -> str:
     """Adaptive think modes' eval (the sampled completions): each tag's share by number of terms, its accuracy, the
     entropy of the shares over the three tags (ln 3 = 1.099 when even) and the mean tokens of a completion."""
-    head = [f"{m[1:-1]} {lo}-{hi}" for m in ("<NT>", "<LG>") for lo, hi in BANDS]
+    from groupwise.methods.think_modes.builder import MODES
+
+    shown = ("<NT>", "<LG>")  # by number of terms: the cheapest and the longest mode
+    head = [f"{m[1:-1]} {lo}-{hi}" for m in shown for lo, hi in BANDS]
     lines = ["\nThink modes: the tag each sampled eval completion starts with (share by number of terms), each tag's "
              "overall share and accuracy, the entropy of the tag shares (nats; ln 3 = 1.099), tokens:\n\n| policy | "
              + " | ".join([*head, "share NT / SH / LG / none", "accuracy NT / SH / LG", "entropy", "tokens"])
              + " |\n|" + "---|" * (len(head) + 5) + "\n"]
     for name, recs in evals.items():
-        sampled = [r for r in recs if not r["greedy"]]
-        by_band = [[tag(r) for r in sampled if lo <= r["difficulty"] <= hi] for lo, hi in BANDS]
-        shares = {m: sum(tag(r) == m for r in sampled) / len(sampled) for m in ("<NT>", "<SH>", "<LG>", "-")}
-        acc = [statistics.fmean(r["correct"] for r in sampled if tag(r) == m) if shares[m] else float("nan")
-               for m in ("<NT>", "<SH>", "<LG>")]
-        valid = [shares[m] / (1 - shares["-"]) for m in ("<NT>", "<SH>", "<LG>")] if shares["-"] < 1 else []
+        sampled = [(r, tag(r)) for r in recs if not r["greedy"]]
+        by_band = [[t for r, t in sampled if lo <= r["difficulty"] <= hi] for lo, hi in BANDS]
+        shares = {m: sum(t == m for _, t in sampled) / len(sampled) for m in (*MODES, "-")}
+        acc = [statistics.fmean(r["correct"] for r, t in sampled if t == m) if shares[m] else float("nan")
+               for m in MODES]
+        valid = [shares[m] / (1 - shares["-"]) for m in MODES] if shares["-"] < 1 else []
         entropy = -sum(x * math.log(x) for x in valid if x > 0)
-        cells_ = [f"{b.count(m) / len(b):.2f}" if b else "-" for m in ("<NT>", "<LG>") for b in by_band]
+        cells_ = [f"{b.count(m) / len(b):.2f}" if b else "-" for m in shown for b in by_band]
         lines.append(f"| {name} | " + " | ".join(cells_) + " | " + " / ".join(f"{v:.2f}" for v in shares.values())
                      + " | " + " / ".join(f"{a:.2f}" for a in acc) + f" | {entropy:.3f} | "
-                     f"{statistics.fmean(r['length'] for r in sampled):.1f} |\n")
+                     f"{statistics.fmean(r['length'] for r, _ in sampled):.1f} |\n")
     return "".join(lines)
 
 

@@ -162,7 +162,7 @@ def prefill_distinct(model: torch.nn.Module, prompts: list[Tensor], pad_id: int,
         cache = first.get("cache") or first.get("past_key_values")
         cache.batch_select_indices(torch.tensor([max(k, 0) for k in group], device=device))
         cache_kw = {cache_keyword(model): cache}
-        head_attn = torch.stack([attn[k] if k >= 0 else torch.zeros_like(attn[0]) for k in group])
+        head_attn = torch.cat([attn, attn.new_zeros(1, width)])[group]  # group -1 (no prefix): the zero row
         starts = [lengths[k] if k >= 0 else 0 for k in group]
         uniq = [p[n:] for p, n in zip(uniq, starts)]
     width = max(len(p) for p in uniq)
