@@ -232,6 +232,10 @@ Running table (updated as runs finish; done / left):
   what they reach at a checkpoint (every 10 steps; LamPO's 60 is its last) when the session's end stops them.
   STOPPED 2026-12-08 00:00 (SIGTERM): LamPO seed 0 trained all 60 steps, its FINAL_K eval had just begun (no chunk
   written); ``think_modes`` seed 0 saved at step 21. The saved queue still starts lampo 0 (its eval), think_modes 0.
+- RESUMED 2026-12-08 00:24 on e843b2a (main): LamPO seed 0 (its FINAL_K eval, from the start) and ``think_modes``
+  seed 0 (from its step-21 save), then the queue, reordered: after think_lg 0 and the transfer check, the second
+  baseline ``grpo_2ep`` seed 0 and seed 0 of the peers' objectives (maxrl, gspo, cispo, gmpo: issue 46 asks for each
+  on the real model), then GARL / LamPO / DRE seeds 1-2 and the rest as before.
 - RUNNING 2026-12-07 22:40: ``think_modes`` seed 0. Its modes warm-up took 47 min (beside the other lane and the
   test suite; 34 CPU min), then the forced steps (equal thirds, tags prefilled): per-tag training accuracy over steps
   1-6 NT 0.00-0.11, SH 0.05-0.35, LG 0.18-0.45, 0-6% of rows over their cap, no invalid tag (forced); 65-100 s a
