@@ -236,6 +236,12 @@ Running table (updated as runs finish; done / left):
   seed 0 (from its step-21 save), then the queue, reordered: after think_lg 0 and the transfer check, the second
   baseline ``grpo_2ep`` seed 0 and seed 0 of the peers' objectives (maxrl, gspo, cispo, gmpo: issue 46 asks for each
   on the real model), then GARL / LamPO / DRE seeds 1-2 and the rest as before.
+- DONE 2026-12-08 01:01: LamPO seed 0, rerun (``--report-only --arms grpo lampo --seeds 0``): the lost run's numbers
+  to the digit: pass@1 0.334, -0.014 +- 0.010 against GRPO seed 0 (its expectation: NO DIFFERENCE), +0.019 +- 0.010
+  against its step 0, pass@16 0.640 (GRPO 0.610), greedy 0.400, hard 0.112 (GRPO 0.147), 75.5 s a step. The report
+  first refused it ("task differ"): its config has ``task.modes`` (added 2026-12-07), GRPO's predates it;
+  ``check_step0`` now reads both through today's schema (a newer key takes its default, the value in effect).
+  Seeds 1-2 queued.
 - RUNNING 2026-12-07 22:40: ``think_modes`` seed 0. Its modes warm-up took 47 min (beside the other lane and the
   test suite; 34 CPU min), then the forced steps (equal thirds, tags prefilled): per-tag training accuracy over steps
   1-6 NT 0.00-0.11, SH 0.05-0.35, LG 0.18-0.45, 0-6% of rows over their cap, no invalid tag (forced); 65-100 s a
@@ -949,11 +955,14 @@ def transfer(runs: list[Path], out_dir: Path, sets: list[str]) -> str:
 
 
 def check_step0(run: Path, base: Path) -> None:
-    """Stops (one line) if ``run`` and ``base`` differ in a setting that decides their evals (STEP0_KEYS)."""
-    import yaml
+    """Stops (one line) if ``run`` and ``base`` differ in a setting that decides their evals (STEP0_KEYS). Each run's
+    resolved config is read through today's schema, so a key newer than a run (``task.modes``, 2026-12-07) has its
+    default there, the value the run had in effect."""
+    from groupwise.config import load, to_dict
+    from groupwise.loop.session import run_config
 
     def setting(d: Path, key: str):
-        v = yaml.safe_load((d / "resolved_config.yaml").read_text())
+        v = to_dict(load(run_config(d), []))
         for part in key.split("."):
             v = v[part]
         if key == "rollout.generator" and isinstance(v, dict):  # (every eval samples in float32: EVAL_FIXED)
