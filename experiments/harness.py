@@ -54,7 +54,7 @@ def run_one(recipe: str, overrides: list[str], out_dir: Path, name: str, log: Pa
            *FIXED, again]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.time()
-    with log.open("w") as f:
+    with log.open("a") as f:  # appended: a resumed run's log keeps the segments before its stops
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
     if rc != 0:
         raise RuntimeError(f"run {name} failed (exit {rc}); see {log}")

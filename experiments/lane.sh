@@ -10,7 +10,8 @@
 #
 # A line that starts with "-" is passed to the experiment's script as its arguments instead (another of its modes,
 # e.g. "--transfer experiments/out/real_lab/grpo-s0"), its output to QUEUE.<the line, one word>.out.
-# Each start and end goes to QUEUE.log with the exit status; a run's own output to QUEUE.<arm>-s<seed>.out.
+# Each start and end goes to QUEUE.log with the exit status; a run's own output is appended to QUEUE.<arm>-s<seed>.out
+# (a job restarted after a stop keeps its earlier output there).
 set -u
 experiment=$1 queue=$(realpath "$2")
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ while true; do
     args=(--arms "$arm" --seeds "$seed") name=$arm-s$seed job="$arm s$seed"
   fi
   echo "$(date -Is) START $job" >> "$queue.log"
-  OMP_NUM_THREADS=1 PYTHONPATH=src python "experiments/$experiment.py" --jobs 1 "${args[@]}" > "$queue.$name.out" 2>&1
+  OMP_NUM_THREADS=1 PYTHONPATH=src python "experiments/$experiment.py" --jobs 1 "${args[@]}" >> "$queue.$name.out" 2>&1
   rc=$?
   flock "$queue.lock" python experiments/harness.py archive "$experiment" >> "$queue.log" 2>&1
   echo "$(date -Is) END $job rc=$rc" >> "$queue.log"
