@@ -242,6 +242,13 @@ Running table (updated as runs finish; done / left):
   first refused it ("task differ"): its config has ``task.modes`` (added 2026-12-07), GRPO's predates it;
   ``check_step0`` now reads both through today's schema (a newer key takes its default, the value in effect).
   Seeds 1-2 queued.
+- TRAINED 2026-12-08 01:55: ``think_modes`` seed 0, all 60 steps (its FINAL_K eval, then its step 0's, follow).
+  Training by ten steps (the policy's own tags from step 11; ``metrics.jsonl``): <NT> share 0.21 -> 0.01 -> 0 from
+  step 21 on (its training accuracy ~0: an answer alone is a guess past ~3 terms); <SH> 0.42 / 0.66 / 0.90 / 0.90 /
+  0.68 and <LG> 0.36 / 0.32 / 0.10 / 0.10 / 0.32 over steps 11-20 ... 51-60 (the balance term pulling <LG> back);
+  training correctness 0.21-0.28 a step on average (GRPO seed 0 ~0.34-0.42), rows over their mode's cap 9-28%,
+  110-135 s a step (GRPO 72-94): the balance term gives the zero-variance groups' rows an advantage, so the update
+  trains ~62 of 64 rows (``update/skipped_rows`` 2) against GRPO's ~29.
 - RUNNING 2026-12-07 22:40: ``think_modes`` seed 0. Its modes warm-up took 47 min (beside the other lane and the
   test suite; 34 CPU min), then the forced steps (equal thirds, tags prefilled): per-tag training accuracy over steps
   1-6 NT 0.00-0.11, SH 0.05-0.35, LG 0.18-0.45, 0-6% of rows over their cap, no invalid tag (forced); 65-100 s a
