@@ -980,7 +980,8 @@ def check_step0(run: Path, base: Path) -> None:
         raise SystemExit(f"{run.name}: evaluated unlike {base.name} ({', '.join(diff)} differ)")
 
 
-TRAIN_KEYS = ("perf/step_s", "adv/zero_std_group_frac", "rollout/samples", "update/skipped_rows", "perf/gen_tokens")
+TRAIN_KEYS = ("perf/step_s", "perf/generate_s", "perf/update_s", "adv/zero_std_group_frac", "rollout/samples",
+              "update/skipped_rows", "perf/gen_tokens")
 
 
 def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> None:
@@ -1006,8 +1007,9 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
     by_seed = by_arm_seed.get("grpo", {})
     lines.append("\nPaired over problems (mean@16 change ± SE; greedy right only in the run / only in the other, "
                  "McNemar p); the control is GRPO of the same seed, or the arm's CONTROL (marked *):\n\n| run | vs "
-                 "step 0 | greedy vs step 0 | vs control, same seed | greedy vs control | s/step | zero-variance "
-                 "groups | rows trained / step | tokens generated / step |\n|---|---|---|---|---|---|---|---|---|\n")
+                 "step 0 | greedy vs step 0 | vs control, same seed | greedy vs control | s/step (generate / update) | "
+                 "zero-variance groups | rows trained / step | tokens generated / step |\n"
+                 "|---|---|---|---|---|---|---|---|---|\n")
     summary: dict[str, list[float]] = defaultdict(list)
     for arm, e in evals.items():
         for d, r in e.items():
@@ -1027,7 +1029,8 @@ def report(runs: dict[str, list[Path]], out_dir: Path, compute: bool = True) -> 
                 star = "*" if arm in CONTROL else ""
                 g, gg = f"{gain:+.3f} ± {se:.3f}{star}", f"{up} / {down} ({fmt_p(mcnemar_p(up, down))})"
             m = {k.split("/")[1]: harness.tail_mean(d, k, 10**9) for k in TRAIN_KEYS}  # over every training step
-            lines.append(f"| {d.name} | {c0} | {g0} | {g} | {gg} | {m['step_s']:.1f} | {m['zero_std_group_frac']:.2f} "
+            lines.append(f"| {d.name} | {c0} | {g0} | {g} | {gg} | {m['step_s']:.1f} ({m['generate_s']:.1f} / "
+                         f"{m['update_s']:.1f}) | {m['zero_std_group_frac']:.2f} "
                          f"| {m['samples'] - m['skipped_rows']:.1f} | {m['gen_tokens']:.0f} |\n")
     if summary:
         lines.append("\nMinus the control of the same seed (mean@16, paired over problems), over seeds:\n\n| arm | "
