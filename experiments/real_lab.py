@@ -249,6 +249,11 @@ Running table (updated as runs finish; done / left):
   training correctness 0.21-0.28 a step on average (GRPO seed 0 ~0.34-0.42), rows over their mode's cap 9-28%,
   110-135 s a step (GRPO 72-94): the balance term gives the zero-variance groups' rows an advantage, so the update
   trains ~62 of 64 rows (``update/skipped_rows`` 2) against GRPO's ~29.
+- EVALUATED 2026-12-08 02:25: ``think_modes`` seed 0's FINAL_K eval (its step 0's, ``step0-modes-s0``, running;
+  ``think_lg`` queued): pass@1 0.235 (GRPO seed 0 0.348), pass@16 0.535, greedy 0.270, hard 0.053, 62.1 tokens (GRPO
+  64.1); tags <SH> 0.57 / <LG> 0.43 / <NT> 0.00, <LG> 0.42-0.43 at every number of terms (no routing), entropy 0.69
+  (the spec's line 0.88). Expectation (EXPECT): tokens >= 30% below think_lg, pass@1 worse by > 2 points, routing,
+  no collapse: on this seed only the accuracy side can hold; read against think_lg when it has run.
 - RUNNING 2026-12-07 22:40: ``think_modes`` seed 0. Its modes warm-up took 47 min (beside the other lane and the
   test suite; 34 CPU min), then the forced steps (equal thirds, tags prefilled): per-tag training accuracy over steps
   1-6 NT 0.00-0.11, SH 0.05-0.35, LG 0.18-0.45, 0-6% of rows over their cap, no invalid tag (forced); 65-100 s a
