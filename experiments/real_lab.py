@@ -252,8 +252,9 @@ Running table (updated as runs finish; done / left):
 - TRAINED 2026-12-08 02:28: ``grpo_informative`` seed 0 (its FINAL_K eval follows): over its 60 steps 11.2
   candidates skipped a step (none forced), yet 0.569 of its groups had zero variance (GRPO seeds 0-2: 0.54-0.56) and
   it trained 27.6 rows a step (GRPO 27.9-29.7) at 4,170 tokens generated (GRPO ~4,250): the expectation's first part
-  (zero-variance share below 45%) fails on this seed. Skipping by number of terms cannot tell which chains of a level
-  the policy solves: the levels' own zero-variance rates are all well inside (0, 1).
+  (zero-variance share below 45%) fails on this seed. The per-level estimate of the problems it returned sat at
+  0.38 / 0.55 / 0.57 (``select/predicted_zero_var``, steps 1-20 / 21-40 / 41-60): no level always or never gives a
+  zero-variance group, so skipping by level removes candidates nearly at random.
 - EVALUATED 2026-12-08 02:25: ``think_modes`` seed 0's FINAL_K eval (its step 0's, ``step0-modes-s0``, running;
   ``think_lg`` queued): pass@1 0.235 (GRPO seed 0 0.348), pass@16 0.535, greedy 0.270, hard 0.053, 62.1 tokens (GRPO
   64.1); tags <SH> 0.57 / <LG> 0.43 / <NT> 0.00, <LG> 0.42-0.43 at every number of terms (no routing), entropy 0.69
