@@ -255,8 +255,9 @@ Running table (updated as runs finish; done / left):
   (zero-variance share below 45%) fails on this seed. The per-level estimate of the problems it returned sat at
   0.38 / 0.55 / 0.57 (``select/predicted_zero_var``, steps 1-20 / 21-40 / 41-60): no level always or never gives a
   zero-variance group, so skipping by level removes candidates nearly at random.
-- EVALUATED 2026-12-08 02:25: ``think_modes`` seed 0's FINAL_K eval (its step 0's, ``step0-modes-s0``, running;
-  ``think_lg`` queued): pass@1 0.235 (GRPO seed 0 0.348), pass@16 0.535, greedy 0.270, hard 0.053, 62.1 tokens (GRPO
+- DONE 2026-12-08 02:44: ``think_modes`` seed 0's FINAL_K eval and its step 0's (``step0-modes-s0``: the
+  mode-tagged warm-up, pass@1 0.135, greedy 0.160, hard 0.023, 44.6 tokens, tags NT 0.28 / SH 0.35 / LG 0.36 right
+  0.02 / 0.14 / 0.22 of the time; +0.100 +- 0.015 for the run over it, greedy 24 up / 2 down); ``think_lg`` queued: pass@1 0.235 (GRPO seed 0 0.348), pass@16 0.535, greedy 0.270, hard 0.053, 62.1 tokens (GRPO
   64.1); tags <SH> 0.57 / <LG> 0.43 / <NT> 0.00, <LG> 0.42-0.43 at every number of terms (no routing), entropy 0.69
   (the spec's line 0.88). Expectation (EXPECT): tokens >= 30% below think_lg, pass@1 worse by > 2 points, routing,
   no collapse: on this seed only the accuracy side can hold; read against think_lg when it has run.
