@@ -249,6 +249,9 @@ Running table (updated as runs finish; done / left):
   training correctness 0.21-0.28 a step on average (GRPO seed 0 ~0.34-0.42), rows over their mode's cap 9-28%,
   110-135 s a step (GRPO 72-94): the balance term gives the zero-variance groups' rows an advantage, so the update
   trains ~62 of 64 rows (``update/skipped_rows`` 2) against GRPO's ~29.
+- DONE 2026-12-08 02:50: ``grpo_informative`` seed 0's FINAL_K eval (``--report-only --arms grpo grpo_informative
+  --seeds 0``): pass@1 0.357, +0.009 +- 0.010 against GRPO seed 0, pass@16 0.660, greedy 0.415, hard 0.147; its
+  training, below.
 - TRAINED 2026-12-08 02:28: ``grpo_informative`` seed 0 (its FINAL_K eval follows): over its 60 steps 11.2
   candidates skipped a step (none forced), yet 0.569 of its groups had zero variance (GRPO seeds 0-2: 0.54-0.56) and
   it trained 27.6 rows a step (GRPO 27.9-29.7) at 4,170 tokens generated (GRPO ~4,250): the expectation's first part
