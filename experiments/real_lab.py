@@ -249,6 +249,10 @@ Running table (updated as runs finish; done / left):
   training correctness 0.21-0.28 a step on average (GRPO seed 0 ~0.34-0.42), rows over their mode's cap 9-28%,
   110-135 s a step (GRPO 72-94): the balance term gives the zero-variance groups' rows an advantage, so the update
   trains ~62 of 64 rows (``update/skipped_rows`` 2) against GRPO's ~29.
+- STOPPED at the session's end (2026-12-08 03:03): the last minutes ran the transfer check of GRPO seeds 0-1 (its
+  two-digit set done for both seeds, records in ``transfer/``; ``signs`` and ``long`` to run, chunks resume). No run
+  in flight. Queue (``lanes-queue.txt``): think_lg 0, the transfer check, grpo_2ep 0, maxrl / gspo / cispo / gmpo 0,
+  then GARL / LamPO / DRE seeds 1-2 and the rest. The lanes' checkout is at 1adff3d.
 - DONE 2026-12-08 02:50: ``grpo_informative`` seed 0's FINAL_K eval (``--report-only --arms grpo grpo_informative
   --seeds 0``): pass@1 0.357, +0.009 +- 0.010 against GRPO seed 0, pass@16 0.660, greedy 0.415, hard 0.147; its
   training, below.
