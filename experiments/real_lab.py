@@ -250,7 +250,8 @@ Running table (updated as runs finish; done / left):
   110-135 s a step (GRPO 72-94): the balance term gives the zero-variance groups' rows an advantage, so the update
   trains ~62 of 64 rows (``update/skipped_rows`` 2) against GRPO's ~29.
 - STOPPED at the session's end (2026-12-08 03:03): the last minutes ran the transfer check of GRPO seeds 0-1 (its
-  two-digit set done for both seeds, records in ``transfer/``; ``signs`` and ``long`` to run, chunks resume). No run
+  two-digit set done for both seeds, records in ``transfer/``: seed 1 mean@4 0.074 -> 0.081, +0.007 +- 0.009,
+  greedy 0.090 -> 0.090, 4 up / 4 down, plain 0.000; ``signs`` and ``long`` to run, chunks resume). No run
   in flight. Queue (``lanes-queue.txt``): think_lg 0, the transfer check, grpo_2ep 0, maxrl / gspo / cispo / gmpo 0,
   then GARL / LamPO / DRE seeds 1-2 and the rest. The lanes' checkout is at 1adff3d.
 - DONE 2026-12-08 02:50: ``grpo_informative`` seed 0's FINAL_K eval (``--report-only --arms grpo grpo_informative
@@ -264,7 +265,8 @@ Running table (updated as runs finish; done / left):
   zero-variance group, so skipping by level removes candidates nearly at random.
 - DONE 2026-12-08 02:44: ``think_modes`` seed 0's FINAL_K eval and its step 0's (``step0-modes-s0``: the
   mode-tagged warm-up, pass@1 0.135, greedy 0.160, hard 0.023, 44.6 tokens, tags NT 0.28 / SH 0.35 / LG 0.36 right
-  0.02 / 0.14 / 0.22 of the time; +0.100 +- 0.015 for the run over it, greedy 24 up / 2 down); ``think_lg`` queued: pass@1 0.235 (GRPO seed 0 0.348), pass@16 0.535, greedy 0.270, hard 0.053, 62.1 tokens (GRPO
+  0.02 / 0.14 / 0.22 of the time; +0.100 +- 0.015 for the run over it, greedy 24 up / 2 down); ``think_lg`` queued:
+  pass@1 0.235 (GRPO seed 0 0.348), pass@16 0.535, greedy 0.270, hard 0.053, 62.1 tokens (GRPO
   64.1); tags <SH> 0.57 / <LG> 0.43 / <NT> 0.00, <LG> 0.42-0.43 at every number of terms (no routing), entropy 0.69
   (the spec's line 0.88). Expectation (EXPECT): tokens >= 30% below think_lg, pass@1 worse by > 2 points, routing,
   no collapse: on this seed only the accuracy side can hold; read against think_lg when it has run.
