@@ -989,8 +989,10 @@ def check_step0(run: Path, base: Path) -> None:
     from groupwise.config import load, to_dict
     from groupwise.loop.session import run_config
 
+    trees = {d: to_dict(load(run_config(d), [])) for d in (run, base)}
+
     def setting(d: Path, key: str):
-        v = to_dict(load(run_config(d), []))
+        v = trees[d]
         for part in key.split("."):
             v = v[part]
         if key == "rollout.generator" and isinstance(v, dict):  # (every eval samples in float32: EVAL_FIXED)
